@@ -1,0 +1,247 @@
+"""The one small interface every device backend implements.
+
+A backend answers for the nodes it can see: NVML and hy-smi see the local host, the
+digital twin sees a whole fleet. Everything above hardware/ talks to devices through
+this class only, so a new vendor is one new module, not a rewrite.
+
+Units are in every name: memory_mb, clock_mhz, power_mw, energy_mj, temperature_c.
+This module never imports Prefect (nor anything heavier than the standard library).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Vendor = Literal["NVIDIA", "Hygon"]
+PartitionKind = Literal["mig", "vdcu"]
+NodeRole = Literal["active", "spare"]
+
+
+class HardwareError(RuntimeError):
+    """A device or its tool refused or failed an operation."""
+
+
+class InvalidRequestError(HardwareError, ValueError):
+    """A request was rejected before any device was touched (bad id, size, profile...)."""
+
+
+class UnsupportedError(HardwareError):
+    """The device or backend cannot do this at all (MIG on a V100, clocks on a vDCU...)."""
+
+
+class DeviceLostError(HardwareError):
+    """The device no longer answers (fell off the bus, XID 79)."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    node: str
+    index: int
+    vendor: Vendor
+    sku: str
+    uuid: str
+    memory_total_mb: int
+    pci_device_id: str | None = None  # mig-parted style, e.g. "0x20B010DE"
+    partition_kinds: tuple[PartitionKind, ...] = ()  # what hard partitioning it offers
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    region: str
+    role: NodeRole
+    devices: tuple[DeviceInfo, ...]
+
+
+@dataclass(frozen=True)
+class PartitionProfile:
+    """One kind of hard partition a device offers.
+
+    For MIG: a GPU-instance profile. ``profile_id`` is the id NVML returns in the
+    profile info (what nvidia-smi shows, e.g. 19 for 1g.5gb) - not the NVML enum.
+    ``placement_starts`` are the memory-slice offsets where an instance may start and
+    ``placement_size`` the number of memory slices it covers.
+    For vDCU: one profile named "vdcu" whose budgets (compute units, memory) are on
+    the device; ``max_count`` is the per-device limit of virtual devices.
+    """
+
+    name: str
+    kind: PartitionKind
+    profile_id: int
+    compute_slices: int
+    memory_mb: int
+    max_count: int
+    placement_starts: tuple[int, ...] = ()
+    placement_size: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionRequest:
+    """What to create: a MIG profile (optionally at a placement) or a vDCU of a size."""
+
+    profile: str  # "1g.5gb", "3g.20gb", ... or "vdcu"
+    placement_start: int | None = None  # MIG only
+    compute_units: int | None = None  # vDCU only
+    memory_mb: int | None = None  # vDCU only
+
+
+@dataclass(frozen=True)
+class Partition:
+    node: str
+    device_index: int
+    uuid: str  # MIG-... for NVIDIA, the vDCU id for Hygon
+    profile: str
+    kind: PartitionKind
+    memory_mb: int
+    placement_start: int | None = None
+    placement_size: int | None = None
+    compute_units: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClockState:
+    sm_clock_mhz: int
+    sm_clock_min_mhz: int
+    sm_clock_max_mhz: int
+    locked_min_mhz: int | None = None
+    locked_max_mhz: int | None = None
+    applications_sm_clock_mhz: int | None = None
+    applications_mem_clock_mhz: int | None = None
+
+
+@dataclass(frozen=True)
+class PowerLimits:
+    limit_mw: int
+    min_limit_mw: int
+    max_limit_mw: int
+    default_limit_mw: int
+
+
+# Clock-event (throttle) reason names, as NVML's nvmlClocksEventReason* constants.
+CLOCK_EVENT_REASONS = (
+    "GpuIdle",
+    "ApplicationsClocksSetting",
+    "SwPowerCap",
+    "HwSlowdown",
+    "SyncBoost",
+    "SwThermalSlowdown",
+    "HwThermalSlowdown",
+    "HwPowerBrakeSlowdown",
+)
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    node: str
+    index: int
+    timestamp_s: float
+    present: bool  # False once a device fell off the bus
+    temperature_c: float
+    power_mw: int
+    energy_mj: int
+    utilization_ratio: float  # share of time a kernel ran (NVML's "GPU utilization")
+    memory_used_mb: int
+    memory_total_mb: int
+    sm_clock_mhz: int
+    power_limit_mw: int
+    ecc_corrected_total: int = 0
+    ecc_uncorrected_total: int = 0
+    retired_pages: int = 0
+    remapped_rows_correctable: int = 0
+    remapped_rows_uncorrectable: int = 0
+    remapped_rows_pending: bool = False
+    remapped_rows_failure: bool = False
+    clock_event_reasons: tuple[str, ...] = ()
+    xids: tuple[int, ...] = field(default=())  # XID events seen since the last sample
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Backend(abc.ABC):
+    """Discovery, telemetry, hard partitions and clock/power control of devices."""
+
+    name: str = "abstract"
+
+    # -- discovery -------------------------------------------------------------------
+    @abc.abstractmethod
+    def discover(self) -> list[NodeInfo]:
+        """Every node this backend sees, with its devices."""
+
+    def devices(self) -> list[DeviceInfo]:
+        return [d for n in self.discover() for d in n.devices]
+
+    def device(self, node: str, index: int) -> DeviceInfo:
+        for d in self.devices():
+            if d.node == node and d.index == index:
+                return d
+        raise InvalidRequestError(f"no device {node}:{index} on backend {self.name!r}")
+
+    # -- telemetry -------------------------------------------------------------------
+    @abc.abstractmethod
+    def telemetry(self, node: str, index: int) -> TelemetrySample:
+        """One telemetry sample; XIDs are those seen since the previous sample."""
+
+    def energy_mj(self, node: str, index: int) -> int:
+        """The device's energy counter in millijoules; it only grows."""
+        return self.telemetry(node, index).energy_mj
+
+    # -- hard partitions -------------------------------------------------------------
+    @abc.abstractmethod
+    def partition_profiles(self, node: str, index: int) -> list[PartitionProfile]:
+        """The partition profiles this device offers ([] when it has none)."""
+
+    @abc.abstractmethod
+    def partitions(self, node: str, index: int) -> list[Partition]:
+        """The partitions that exist on the device now."""
+
+    @abc.abstractmethod
+    def partition_mode(self, node: str, index: int) -> bool:
+        """Whether hard partitioning (MIG / virtual devices) is enabled."""
+
+    @abc.abstractmethod
+    def set_partition_mode(self, node: str, index: int, enabled: bool) -> None:
+        """Enable or disable hard partitioning (MIG mode) on the device."""
+
+    @abc.abstractmethod
+    def create_partitions(
+        self, node: str, index: int, requests: Sequence[PartitionRequest]
+    ) -> list[Partition]:
+        """Create partitions on one device, in order. Validates all before creating any."""
+
+    @abc.abstractmethod
+    def destroy_partitions(self, node: str, index: int, uuids: Sequence[str] | None = None) -> None:
+        """Destroy the given partitions, or all of them when ``uuids`` is None."""
+
+    # -- clocks and power ------------------------------------------------------------
+    @abc.abstractmethod
+    def clocks(self, node: str, index: int) -> ClockState: ...
+
+    @abc.abstractmethod
+    def set_locked_clocks(self, node: str, index: int, min_mhz: int, max_mhz: int) -> None: ...
+
+    @abc.abstractmethod
+    def reset_locked_clocks(self, node: str, index: int) -> None: ...
+
+    @abc.abstractmethod
+    def set_applications_clocks(
+        self, node: str, index: int, mem_clock_mhz: int, sm_clock_mhz: int
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def power_limits(self, node: str, index: int) -> PowerLimits: ...
+
+    @abc.abstractmethod
+    def set_power_limit_mw(self, node: str, index: int, limit_mw: int) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release handles (NVML shutdown); the default has nothing to release."""

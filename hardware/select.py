@@ -1,0 +1,60 @@
+"""Choose a backend: GPUFLOW_BACKEND=auto|nvml|hygon|sim.
+
+auto tries NVML (a driver that answers), then hy-smi on PATH, then the digital twin,
+and says which it chose and why, so nobody wonders what they are looking at.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from hardware.backend import Backend, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAMES = ("auto", "nvml", "hygon", "sim")
+
+
+def backend_name_from_env() -> str:
+    name = os.environ.get("GPUFLOW_BACKEND", "auto").strip().lower() or "auto"
+    if name not in BACKEND_NAMES:
+        raise InvalidRequestError(
+            f"GPUFLOW_BACKEND={name!r} is not one of {', '.join(BACKEND_NAMES)}"
+        )
+    return name
+
+
+def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
+    """(chosen backend, reason). ``name`` None reads GPUFLOW_BACKEND."""
+    name = (name or backend_name_from_env()).lower()
+    if name not in BACKEND_NAMES:
+        raise InvalidRequestError(f"backend {name!r} is not one of {', '.join(BACKEND_NAMES)}")
+    if name != "auto":
+        return name, f"asked for {name}"
+    from hardware import hygon, nvml
+
+    ok, why = nvml.NvmlBackend.available()
+    if ok:
+        return "nvml", "auto: the NVIDIA driver answered NVML"
+    ok_h, why_h = hygon.HygonBackend.available()
+    if ok_h:
+        return "hygon", f"auto: NVML unavailable ({why}); hy-smi found"
+    return "sim", f"auto: NVML unavailable ({why}); hy-smi unavailable ({why_h}); using the digital twin"
+
+
+def get_backend(name: str | None = None) -> Backend:
+    """The backend for ``name`` (or GPUFLOW_BACKEND), logging which one and why."""
+    chosen, reason = resolve_backend_name(name)
+    log.info("gpuflow backend: %s (%s)", chosen, reason)
+    if chosen == "nvml":
+        from hardware.nvml import NvmlBackend
+
+        return NvmlBackend()
+    if chosen == "hygon":
+        from hardware.hygon import HygonBackend
+
+        return HygonBackend()
+    from hardware.sim import SimBackend
+
+    return SimBackend()
