@@ -243,5 +243,25 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def set_power_limit_mw(self, node: str, index: int, limit_mw: int) -> None: ...
 
+    # -- workloads -------------------------------------------------------------------
+    def report_workload(  # noqa: B027 - optional hook
+        self,
+        node: str,
+        index: int,
+        owner: str,
+        utilization_ratio: float,
+        memory_mb: int = 0,
+        partition_uuid: str | None = None,
+    ) -> None:
+        """Tell the backend what a job runs on a device and how busy it keeps it.
+
+        Real devices measure this themselves, so the default does nothing; the digital
+        twin derives utilization, power and heat from it. Callers report unconditionally,
+        so the same training loop runs unchanged on the twin and on real hardware.
+        """
+
+    def end_workload(self, owner: str) -> None:  # noqa: B027 - optional hook
+        """The job ``owner`` no longer runs (see report_workload)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (NVML shutdown); the default has nothing to release."""

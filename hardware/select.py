@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from hardware.backend import Backend, InvalidRequestError
 
@@ -43,8 +44,11 @@ def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
     return "sim", f"auto: NVML unavailable ({why}); hy-smi unavailable ({why_h}); using the digital twin"
 
 
-def get_backend(name: str | None = None) -> Backend:
-    """The backend for ``name`` (or GPUFLOW_BACKEND), logging which one and why."""
+def get_backend(name: str | None = None, spec_path: Path | None = None) -> Backend:
+    """The backend for ``name`` (or GPUFLOW_BACKEND), logging which one and why.
+
+    ``spec_path`` is the twin's fleet spec, used only when the twin is chosen.
+    """
     chosen, reason = resolve_backend_name(name)
     log.info("gpuflow backend: %s (%s)", chosen, reason)
     if chosen == "nvml":
@@ -57,4 +61,4 @@ def get_backend(name: str | None = None) -> Backend:
         return HygonBackend()
     from hardware.sim import SimBackend
 
-    return SimBackend()
+    return SimBackend(spec_path=spec_path)

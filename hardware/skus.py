@@ -140,7 +140,7 @@ def _a100_80() -> SkuSpec:
 
 
 def _h100() -> SkuSpec:
-    mem = 81920
+    mem = 81559  # MiB as NVML reports it; MIG names ("3g.40gb") derive from it
     return SkuSpec(
         name="NVIDIA H100 80GB HBM3", vendor="NVIDIA", memory_total_mb=mem,
         sm_clock_min_mhz=345, sm_clock_max_mhz=1980, sm_clock_default_app_mhz=1980,
@@ -161,7 +161,7 @@ def _h100() -> SkuSpec:
 
 
 def _h200() -> SkuSpec:
-    mem = 143360
+    mem = 143771  # MiB as NVML reports it
     base = _h100()
     return SkuSpec(
         **{

@@ -1,0 +1,35 @@
+"""Flow `inventory`: refresh discovery, then read telemetry node by node.
+
+sync ─┬─ telemetry(node 1) ─┐
+      ├─ ...                ├─ fleet table artifact
+      └─ telemetry(node n) ─┘
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+
+from tasks.cluster import load_cluster
+from tasks.fleet import fleet_rows, partition_summary
+from tasks.inventory import collect_node_telemetry_task, sync_inventory_task
+
+
+@flow(name="inventory", log_prints=True)
+def inventory(cluster_block: str | None = None) -> dict:
+    cluster = load_cluster(cluster_block)
+    report = sync_inventory_task(cluster)
+    nodes = [n.name for n in cluster.get_backend().discover()]
+    futures = [collect_node_telemetry_task.submit(cluster, node) for node in nodes]
+    samples = [s for f in futures for s in f.result()]
+    rows = fleet_rows(cluster.get_backend())
+    create_table_artifact(
+        [
+            {k: r[k] for k in ("node", "index", "sku", "temperature_c", "power_mw", "health")}
+            | {"partitions": partition_summary(r["partitions"])}
+            for r in rows
+        ],
+        key="fleet-inventory",
+        description="Fleet after the inventory refresh",
+    )
+    return {"sync": report, "samples": len(samples), "devices": len(rows)}

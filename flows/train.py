@@ -1,0 +1,89 @@
+"""Flow `train`: preflight ─ lease ─ train (retries resume) ─ release ─ record.
+
+The MLflow run carries the spec as params, loss/throughput/precision per step, every
+precision switch, device and SKU tags, and the final model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import torch
+from prefect import flow, get_run_logger
+
+from blocks.checkpoint_storage import CheckpointStorage
+from tasks.cluster import load_cluster
+from tasks.tracking import flat_params, use_experiment
+from tasks.training.binding import DeviceRequest
+from tasks.training.job import (
+    EXPERIMENT,
+    acquire_task,
+    preflight_task,
+    release_task,
+    result_metrics,
+    train_loop_task,
+)
+from tasks.training.loop import trained_model
+from tasks.training.spec import TrainSpec
+
+
+@flow(name="train", log_prints=True)
+def train(
+    spec: TrainSpec,
+    device: DeviceRequest | None = None,
+    storage: CheckpointStorage | None = None,
+    cluster_block: str | None = None,
+    experiment: str = EXPERIMENT,
+    parent_run_id: str | None = None,
+    log_model: bool = True,
+) -> dict:
+    """Train ``spec`` on a leased device; resumes from its latest checkpoint if it has one."""
+    logger = get_run_logger()
+    device = device or DeviceRequest()
+    storage = storage or CheckpointStorage()
+    cluster = load_cluster(cluster_block)
+    pre = preflight_task(spec, storage, cluster, device)
+    if pre["resume_from"]:
+        logger.info("job %s will resume from %s", spec.job_id, pre["resume_from"])
+
+    experiment_id = use_experiment(experiment)
+    tags = {"gpuflow.job_id": spec.job_id, "gpuflow.precision_policy": spec.precision}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    client = mlflow.MlflowClient()
+    run = client.create_run(experiment_id, run_name=f"{spec.job_id}", tags=tags)
+    run_id = run.info.run_id
+    client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()])
+
+    binding = acquire_task(cluster, device, spec.job_id)
+    res = binding.resource
+    for key, value in {
+        "gpuflow.node": res.node, "gpuflow.device_index": str(res.device_index),
+        "gpuflow.sku": res.sku, "gpuflow.vendor": res.vendor, "gpuflow.resource_id": res.resource_id,
+        "gpuflow.partition": res.profile or "whole-device", "gpuflow.backend": binding.backend_name,
+        "gpuflow.torch_device": str(binding.torch_device),
+    }.items():
+        client.set_tag(run_id, key, value)
+    status = "FAILED"
+    try:
+        result = train_loop_task(spec, storage, cluster, binding, run_id)
+        status = "FINISHED"
+    finally:
+        release_task(cluster, binding, spec.job_id)
+        client.set_terminated(run_id, status) if status == "FAILED" else None
+
+    for key, value in result_metrics(result).items():
+        if value is not None:
+            client.log_metric(run_id, key, float(value))
+    client.log_text(run_id, json.dumps([s.to_dict() for s in result.switches], indent=2), "precision_switches.json")
+    for s in result.switches:
+        logger.info("precision switch at step %d: %s -> %s (%s)", s.step, s.from_dtype, s.to_dtype, s.reason)
+    if log_model and not result.stopped_by_request:
+        with mlflow.start_run(run_id=run_id):
+            mlflow.pytorch.log_model(
+                trained_model(spec, storage.store()), name="model",
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            )
+    client.set_terminated(run_id, "FINISHED")
+    return {"run_id": run_id, **result.to_dict()}

@@ -1,0 +1,284 @@
+"""The `gpuflow` command line: thin verbs over the plain functions of hardware/ and tasks/."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hardware.backend import HardwareError, InvalidRequestError
+
+app = typer.Typer(
+    name="gpuflow",
+    help="A control plane for mixed GPU fleets (NVIDIA, Hygon DCU, or the digital twin).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+hw_app = typer.Typer(help="Devices: list them, partition them.", no_args_is_help=True)
+partition_app = typer.Typer(
+    help="Hard partitions from a mig-parted plan: apply, assert, export.", no_args_is_help=True
+)
+sim_app = typer.Typer(help="The digital twin: inject faults, repair, fast-forward.", no_args_is_help=True)
+app.add_typer(hw_app, name="hw")
+hw_app.add_typer(partition_app, name="partition")
+app.add_typer(sim_app, name="sim")
+
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _clean_errors(fn: F) -> F:
+    """Bad input and refused operations end as one red line and a non-zero exit, not a trace."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InvalidRequestError as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        except HardwareError as exc:
+            err_console.print(f"[red]hardware error:[/red] {exc}")
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+BackendOpt = Annotated[
+    str | None,
+    typer.Option("--backend", "-b", help="auto | nvml | hygon | sim (default: GPUFLOW_BACKEND or auto)"),
+]
+
+
+def _backend(name: str | None):
+    from hardware.select import get_backend, resolve_backend_name
+
+    chosen, reason = resolve_backend_name(name)
+    err_console.print(f"[dim]backend: {chosen} ({reason})[/dim]")
+    return get_backend(chosen)
+
+
+def _sync_inventory(backend) -> None:
+    """Keep the inventory in step after a change to devices (it is what schedulers read)."""
+    from hardware.inventory import Inventory
+
+    Inventory().sync(backend)
+
+
+# --- hw ---------------------------------------------------------------------------------
+
+
+@hw_app.command("list")
+@_clean_errors
+def hw_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    backend: BackendOpt = None,
+) -> None:
+    """List every device: node, index, SKU, memory, partitions, temperature, power, health."""
+    from tasks.fleet import fleet_rows
+
+    rows = fleet_rows(_backend(backend))
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    console.print(fleet_table(rows))
+
+
+def fleet_table(rows: list[dict[str, Any]], title: str = "gpuflow fleet") -> Table:
+    from tasks.fleet import partition_summary
+
+    table = Table(title=title, header_style="bold")
+    for col, justify in (
+        ("node", "left"), ("idx", "right"), ("region", "left"), ("SKU", "left"),
+        ("memory", "right"), ("partitions", "left"), ("temp", "right"), ("power", "right"),
+        ("util", "right"), ("health", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    colours = {"ok": "green", "warn": "yellow", "critical": "red", "lost": "red"}
+    for r in rows:
+        node = r["node"] + (" (spare)" if r["role"] == "spare" else "")
+        health = r["health"] + (f" ({', '.join(r['health_reasons'])})" if r["health_reasons"] else "")
+        table.add_row(
+            node,
+            str(r["index"]),
+            r["region"],
+            r["sku"],
+            f"{r['memory_total_mb'] // 1024} GiB",
+            partition_summary(r["partitions"]),
+            "-" if r["temperature_c"] is None else f"{r['temperature_c']:.0f} C",
+            "-" if r["power_mw"] is None else f"{r['power_mw'] / 1000:.0f} W",
+            "-" if r["utilization_ratio"] is None else f"{r['utilization_ratio']:.0%}",
+            f"[{colours.get(r['health'], 'white')}]{health}[/]",
+        )
+    return table
+
+
+PlanFile = Annotated[Path, typer.Option("--file", "-f", help="Partition plan (mig-parted v1 format).")]
+ConfigName = Annotated[str, typer.Option("--config", "-c", help="The mig-config to use from the plan.")]
+NodesOpt = Annotated[
+    list[str] | None, typer.Option("--node", "-n", help="Only these nodes (repeatable); default all.")
+]
+
+
+def _read_plan(path: Path):
+    from hardware.partition_plan import load_plan
+
+    if not path.is_file():
+        raise InvalidRequestError(f"plan file {str(path)!r} does not exist")
+    return load_plan(path)
+
+
+@partition_app.command("apply")
+@_clean_errors
+def partition_apply(
+    file: PlanFile, config: ConfigName, node: NodesOpt = None, backend: BackendOpt = None
+) -> None:
+    """Validate the whole plan, then bring every selected device to it (idempotent)."""
+    from hardware.partition_plan import apply_plan
+
+    plan = _read_plan(file)
+    be = _backend(backend)
+    report = apply_plan(be, plan, config, nodes=node or None)
+    _sync_inventory(be)
+    changed = [d for d in report.devices if d.changed]
+    console.print(
+        f"applied config [bold]{config}[/bold]: {len(changed)} device(s) changed, "
+        f"{len(report.devices) - len(changed)} already matched"
+    )
+    for d in changed:
+        console.print(f"  {d.node}:{d.index}  {d.before_summary} -> {d.after_summary}")
+
+
+@partition_app.command("assert")
+@_clean_errors
+def partition_assert(
+    file: PlanFile, config: ConfigName, node: NodesOpt = None, backend: BackendOpt = None
+) -> None:
+    """Exit 0 when every selected device matches the plan, 1 (listing mismatches) otherwise."""
+    from hardware.partition_plan import assert_plan
+
+    plan = _read_plan(file)
+    mismatches = assert_plan(_backend(backend), plan, config, nodes=node or None)
+    if mismatches:
+        for m in mismatches:
+            err_console.print(f"[red]mismatch[/red] {m}")
+        raise typer.Exit(1)
+    console.print(f"[green]all selected devices match config {config}[/green]")
+
+
+@partition_app.command("export")
+@_clean_errors
+def partition_export(
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Write the plan here (default: stdout).")
+    ] = None,
+    node: NodesOpt = None,
+    backend: BackendOpt = None,
+) -> None:
+    """Write the current layout as a mig-parted plan (config "current")."""
+    from hardware.partition_plan import dump_yaml, export_layout
+
+    text = dump_yaml(export_layout(_backend(backend), nodes=node or None))
+    if file is None:
+        sys.stdout.write(text)
+    else:
+        file.write_text(text)
+        console.print(f"wrote {file}")
+
+
+# --- sim --------------------------------------------------------------------------------
+
+
+def _parse_device(text: str) -> tuple[str, int]:
+    node, sep, index = text.rpartition(":")
+    if not sep or not node or not index.isdigit():
+        raise InvalidRequestError(f"--device {text!r}: expected NODE:INDEX, e.g. a100-0:2")
+    return node, int(index)
+
+
+def _twin():
+    from hardware.sim import SimBackend
+
+    return SimBackend()
+
+
+@sim_app.command("inject")
+@_clean_errors
+def sim_inject(
+    device: Annotated[str, typer.Option("--device", "-d", help="NODE:INDEX, e.g. a100-0:2")],
+    fault: Annotated[str, typer.Option("--fault", "-k", help="Fault kind (see `gpuflow sim faults`).")],
+) -> None:
+    """Inject a fault into a twin device now; every process reading the twin sees it."""
+    node, index = _parse_device(device)
+    record = _twin().inject_fault(node, index, fault)
+    console.print(f"injected [bold]{fault}[/bold] on {node}:{index}: {json.dumps(record, default=str)}")
+
+
+@sim_app.command("faults")
+def sim_faults() -> None:
+    """List the fault kinds the twin can inject."""
+    from hardware.sim import FAULT_KINDS
+
+    for kind in FAULT_KINDS:
+        console.print(kind)
+
+
+@sim_app.command("repair")
+@_clean_errors
+def sim_repair(device: Annotated[str, typer.Option("--device", "-d", help="NODE:INDEX")]) -> None:
+    """Reset or replace a twin device: its faults are cleared."""
+    node, index = _parse_device(device)
+    _twin().repair(node, index)
+    console.print(f"repaired {node}:{index}")
+
+
+@sim_app.command("advance")
+@_clean_errors
+def sim_advance(
+    seconds: Annotated[float, typer.Argument(help="Simulated seconds to fast-forward.")],
+) -> None:
+    """Fast-forward the twin's clock (physics and fault hazards run in between)."""
+    if seconds <= 0:
+        raise InvalidRequestError(f"seconds must be > 0, got {seconds}")
+    twin = _twin()
+    twin.advance(seconds)
+    console.print(f"twin clock now at {twin.now_s():.0f} s")
+
+
+@sim_app.command("reset")
+@_clean_errors
+def sim_reset(
+    spec: Annotated[
+        Path | None, typer.Option("--spec", help="Cluster spec YAML (default: the embedded fleet).")
+    ] = None,
+) -> None:
+    """Re-create the twin's state from a cluster spec (all partitions and faults gone)."""
+    from hardware.sim import SimBackend
+
+    SimBackend.reset_state(spec_path=spec)
+    console.print("twin reset")
+
+
+# --- demo -------------------------------------------------------------------------------
+
+
+@app.command("demo")
+@_clean_errors
+def demo() -> None:
+    """The tour on the digital twin: discover, partition, show."""
+    from gpuflow.demo import run_demo
+
+    run_demo(console)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()

@@ -1,0 +1,121 @@
+"""`gpuflow demo`: the tour on the digital twin, with no server.
+
+It runs in its own GPUFLOW_HOME (``<home>/tour``, fresh each time) so it never disturbs a
+twin or inventory you are using.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from hardware.home import gpuflow_home
+
+
+def _tour_home() -> Path:
+    home = gpuflow_home() / "tour"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    return home
+
+
+def tour_plan_path() -> Path:
+    return Path(str(resources.files("gpuflow") / "data" / "tour-plan.yaml"))
+
+
+def run_demo(console: Console) -> dict[str, Any]:
+    """Run the tour; return what it measured (the closing summary)."""
+    from gpuflow.cli import fleet_table
+
+    home = _tour_home()
+    previous_home = os.environ.get("GPUFLOW_HOME")
+    os.environ["GPUFLOW_HOME"] = str(home)
+    summary: dict[str, Any] = {}
+    started = time.perf_counter()
+    try:
+        console.print(Panel.fit(
+            "gpuflow tour on the digital twin (a mixed fleet: A100, V100, Hygon DCU)\n"
+            f"state: {home}",
+            title="gpuflow demo",
+        ))
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        from hardware.inventory import Inventory
+        from hardware.partition_plan import apply_plan, export_layout, load_plan, plan_layouts
+        from hardware.placement import LayoutError
+        from hardware.sim import SimBackend
+        from tasks.fleet import fleet_rows
+
+        twin = SimBackend()
+        inventory = Inventory()
+        plan = load_plan(tour_plan_path())
+        results: dict[str, Any] = {}
+
+        def discover() -> None:
+            report = inventory.sync(twin)
+            results["rows"] = fleet_rows(twin)
+            results["sync"] = report
+
+        def partition() -> None:
+            results["apply"] = apply_plan(twin, plan, "tour")
+            inventory.sync(twin)
+
+        def refuse_impossible() -> None:
+            before = export_layout(twin)
+            try:
+                plan_layouts(twin, plan, "impossible")
+            except LayoutError as exc:
+                results["refused"] = str(exc)
+            else:  # pragma: no cover - the plan is impossible by construction
+                results["refused"] = "NOT refused"
+            results["unchanged"] = export_layout(twin) == before
+
+        steps = [
+            ("discover the fleet", discover),
+            ("apply partition plan 'tour'", partition),
+            ("refuse an impossible plan", refuse_impossible),
+        ]
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            overall = progress.add_task("tour", total=len(steps))
+            for label, step in steps:
+                progress.update(overall, description=label)
+                step()
+                progress.advance(overall)
+
+        rows = results["rows"]
+        console.print(fleet_table(rows, title="discovered fleet"))
+        skus = sorted({r["sku"] for r in rows})
+        console.print(f"{len(rows)} devices, {len(skus)} SKUs: {', '.join(skus)}")
+        changed = [d for d in results["apply"].devices if d.changed]
+        console.print(f"plan 'tour' changed {len(changed)} device(s)")
+        console.print(fleet_table(fleet_rows(twin), title="partitioned layout"))
+        console.print(f"[red]impossible plan refused:[/red] {results['refused']}")
+        console.print(f"layout unchanged after the refusal: {results['unchanged']}")
+        summary.update(
+            devices=len(rows),
+            skus=len(skus),
+            partitioned_devices=len(changed),
+            impossible_refused=results["refused"] != "NOT refused",
+            layout_unchanged=results["unchanged"],
+            seconds=round(time.perf_counter() - started, 1),
+        )
+        console.print(Panel.fit(
+            "\n".join(f"{k}: {v}" for k, v in summary.items()), title="tour summary"
+        ))
+    finally:
+        if previous_home is None:
+            os.environ.pop("GPUFLOW_HOME", None)
+        else:
+            os.environ["GPUFLOW_HOME"] = previous_home
+    return summary

@@ -1,0 +1,129 @@
+"""Engines and transactions that stay correct when several processes share the store.
+
+SQLite: WAL (readers never block the writer), a busy timeout (writers queue instead of
+failing), foreign keys on, and every write transaction opened with BEGIN IMMEDIATE so the
+write lock is taken up front. A deferred BEGIN that reads and then writes can fail to
+upgrade its lock under contention ("database is locked", without waiting); IMMEDIATE
+serialises writers at the start, which is what makes read-check-write inside one
+transaction safe. pysqlite's own implicit BEGIN is switched off so ours is the one used.
+
+PostgreSQL (or any other server): default isolation; correctness comes from primary keys,
+unique constraints and compare-and-swap updates, with the transaction retried on a
+unique-key race, a serialisation failure or a deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+
+from hardware.backend import InvalidRequestError
+from hardware.home import gpuflow_home
+from hardware.inventory import schema
+
+BUSY_TIMEOUT_S = 30.0
+SQLITE_BEGIN = "gpuflow_sqlite_begin"  # execution option: "IMMEDIATE" (default) or "DEFERRED"
+_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization_failure, deadlock_detected
+WRITE_ATTEMPTS = 8
+
+T = TypeVar("T")
+
+
+def default_url() -> str:
+    """SQLite file inventory.db in GPUFLOW_HOME."""
+    return f"sqlite:///{gpuflow_home() / 'inventory.db'}"
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE writes."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # ArgumentError and friends: say which URL was wrong
+        raise InvalidRequestError(f"inventory URL {url!r} is not a database URL: {exc}") from exc
+    if parsed.get_backend_name() != "sqlite":
+        # pre_ping: a PostgreSQL restart must not poison the pool for a long-lived worker.
+        return create_engine(parsed, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see module doc)
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            # Persistent in the file once set; a no-op for later connections.
+            cursor.execute("PRAGMA journal_mode = WAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    if isinstance(exc, IntegrityError):
+        return True  # a concurrent insert of the same key: re-read and decide again
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return code in _RETRY_SQLSTATES
+
+
+def run_write(engine: Engine, work: Callable[[Connection], T], attempts: int = WRITE_ATTEMPTS) -> T:
+    """Run ``work`` in one write transaction; retry it whole on a lost race.
+
+    ``work`` must be re-runnable: it reads what it needs inside the transaction.
+    Errors it raises on purpose (InvalidRequestError, LeaseConflictError...) roll the
+    transaction back and propagate unchanged.
+    """
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as conn:
+                return work(conn)
+        except DBAPIError as exc:
+            if attempt + 1 >= attempts or not _retryable(exc):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the tables on first use, once, even when several processes start together."""
+
+    def create(conn: Connection) -> None:
+        schema.metadata.create_all(conn, checkfirst=True)
+        version = conn.execute(
+            select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
+        ).scalar_one_or_none()
+        if version is None:
+            conn.execute(
+                insert(schema.meta).values(key="schema_version", value=str(schema.SCHEMA_VERSION))
+            )
+        elif int(version) > schema.SCHEMA_VERSION:
+            raise InvalidRequestError(
+                f"inventory schema version {version} is newer than this gpuflow "
+                f"understands ({schema.SCHEMA_VERSION}); upgrade gpuflow"
+            )
+
+    for attempt in range(3):
+        try:
+            run_write(engine, create)
+            return
+        except (ProgrammingError, OperationalError):
+            # PostgreSQL: two processes creating the same table race in the catalogue
+            # (duplicate type/relation). The loser retries and then finds the tables.
+            if is_sqlite(engine) or attempt == 2:
+                raise

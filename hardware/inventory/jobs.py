@@ -1,0 +1,140 @@
+"""A minimal jobs registry: what each job asked for, its state, what it holds, and its
+last checkpoint, so remediation and scheduling can find and restart it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, insert, select, update
+
+from hardware.backend import InvalidRequestError
+from hardware.inventory import schema
+from hardware.inventory.base import StoreBase, check_choice, check_name
+from hardware.inventory.records import JOB_STATES, JobRecord
+
+_COLUMN_FIELDS = ("last_checkpoint_id", "resource_ids")
+
+
+def _record(row: Row[Any]) -> JobRecord:
+    return JobRecord(
+        job_id=row.job_id,
+        spec=dict(row.spec),
+        state=row.state,
+        resource_ids=tuple(row.resource_ids),
+        last_checkpoint_id=row.last_checkpoint_id,
+        info=dict(row.info),
+        created_at_s=row.created_at,
+        updated_at_s=row.updated_at,
+    )
+
+
+def _json_object(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InvalidRequestError(f"{what} must be a dict with string keys, got {value!r}")
+    try:
+        # Round-trip: what we return is what a fresh read returns (tuples become lists).
+        out: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{what} is not JSON-serialisable: {exc}") from exc
+    return out
+
+
+def _resource_ids(value: object) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise InvalidRequestError(f"resource_ids must be a list of ids, got {value!r}")
+    return [check_name(v, "resource id") for v in value]
+
+
+class JobsMixin(StoreBase):
+    def record_job(
+        self,
+        job_id: str,
+        spec: dict[str, Any],
+        state: str = "queued",
+        resource_ids: Sequence[str] = (),
+    ) -> JobRecord:
+        """Register a job. Recording the same id with the same spec again returns the
+        existing record (safe under task retries); with another spec it is refused."""
+        check_name(job_id, "job id")
+        clean = _json_object(spec, "job spec")
+        check_choice(state, JOB_STATES, "job state")
+        ids = _resource_ids(resource_ids)
+        j = schema.jobs
+
+        def work(conn: Connection) -> JobRecord:
+            row = conn.execute(select(j).where(j.c.job_id == job_id)).first()
+            if row is not None:
+                if row.spec != clean:
+                    raise InvalidRequestError(
+                        f"job {job_id!r} is already recorded with another spec"
+                    )
+                return _record(row)
+            now = self._clock()
+            conn.execute(
+                insert(j).values(
+                    job_id=job_id,
+                    spec=clean,
+                    state=state,
+                    resource_ids=ids,
+                    last_checkpoint_id=None,
+                    info={},
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            return _record(conn.execute(select(j).where(j.c.job_id == job_id)).one())
+
+        return self._write(work)
+
+    def set_job_state(self, job_id: str, state: str, **fields: Any) -> JobRecord:
+        """Move a job to ``state``. ``last_checkpoint_id`` and ``resource_ids`` update those
+        columns; any other keyword is merged into the job's ``info`` (JSON values)."""
+        check_name(job_id, "job id")
+        check_choice(state, JOB_STATES, "job state")
+        values: dict[str, Any] = {"state": state}
+        if "last_checkpoint_id" in fields:
+            ckpt = fields["last_checkpoint_id"]
+            values["last_checkpoint_id"] = (
+                None if ckpt is None else check_name(ckpt, "checkpoint id")
+            )
+        if "resource_ids" in fields:
+            values["resource_ids"] = _resource_ids(fields["resource_ids"])
+        extra = _json_object(
+            {k: v for k, v in fields.items() if k not in _COLUMN_FIELDS}, "job fields"
+        )
+        j = schema.jobs
+
+        def work(conn: Connection) -> JobRecord:
+            row = self._job_row(conn, job_id)
+            conn.execute(
+                update(j)
+                .where(j.c.job_id == job_id)
+                .values(info={**dict(row.info), **extra}, updated_at=self._clock(), **values)
+            )
+            return _record(self._job_row(conn, job_id))
+
+        return self._write(work)
+
+    def job(self, job_id: str) -> JobRecord:
+        check_name(job_id, "job id")
+        with self._read() as conn:
+            return _record(self._job_row(conn, job_id))
+
+    def jobs(self, state: str | None = None) -> list[JobRecord]:
+        """Jobs, oldest first, optionally only those in ``state``."""
+        j = schema.jobs
+        query = select(j).order_by(j.c.created_at, j.c.job_id)
+        if state is not None:
+            query = query.where(j.c.state == check_choice(state, JOB_STATES, "job state"))
+        with self._read() as conn:
+            return [_record(r) for r in conn.execute(query)]
+
+    @staticmethod
+    def _job_row(conn: Connection, job_id: str) -> Row[Any]:
+        j = schema.jobs
+        row = conn.execute(select(j).where(j.c.job_id == job_id)).first()
+        if row is None:
+            raise InvalidRequestError(f"unknown job {job_id!r}")
+        return row

@@ -1,0 +1,234 @@
+"""Leases: exclusive, expiring claims on a whole device or one partition.
+
+Exclusivity is the database's, not ours: one row per resource id (primary key). Taking a
+free resource is an INSERT, so of two racing processes exactly one succeeds and the
+other, on retry, finds the winner's row. Taking over an expired lease, renewing and
+releasing are compare-and-swap statements that name the row they read (owner and
+expiry), so a concurrent change makes them match nothing instead of clobbering it. On
+SQLite the write transaction is also BEGIN IMMEDIATE, which serialises writers outright.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Row, delete, insert, select, update
+
+from hardware.inventory import schema
+from hardware.inventory.base import StoreBase, check_name, check_seconds
+from hardware.inventory.engine import WRITE_ATTEMPTS
+from hardware.inventory.records import (
+    Lease,
+    LeaseConflictError,
+    LeaseNotHeldError,
+    ResourceUnavailableError,
+)
+
+
+class _LostRace(Exception):
+    """A compare-and-swap matched no row: someone changed the lease meanwhile; re-read."""
+
+
+class LeaseMixin(StoreBase):
+    def acquire_lease(self, resource_id: str, owner: str, ttl_s: float) -> Lease:
+        """Lease a device (by uuid) or a partition (by uuid) to ``owner`` for ``ttl_s``.
+
+        Raises LeaseConflictError (naming the holder and expiry) if someone else holds an
+        unexpired lease; an expired lease is taken over. The owner asking again extends
+        its own lease. Raises ResourceUnavailableError for a resource that is cordoned,
+        absent, unhealthy, on a spare node, a device split into partitions, or a partition
+        of a device leased whole; InvalidRequestError for an unknown id.
+        """
+        check_name(resource_id, "resource id")
+        check_name(owner, "lease owner")
+        ttl = check_seconds(ttl_s, "ttl_s")
+        for _ in range(WRITE_ATTEMPTS):
+            try:
+                return self._write(lambda conn: self._acquire(conn, resource_id, owner, ttl))
+            except _LostRace:
+                continue
+        raise LeaseConflictError(resource_id, "<contended>", self._clock(), "lost every retry")
+
+    def _acquire(self, conn: Connection, resource_id: str, owner: str, ttl: float) -> Lease:
+        _kind, drow, prow = self._resolve(conn, resource_id)
+        self._check_leasable(conn, resource_id, drow, prow)
+        now = self._clock()
+        l_t = schema.leases
+        row = conn.execute(select(l_t).where(l_t.c.resource_id == resource_id)).first()
+        if row is None:
+            # A concurrent INSERT of the same id raises IntegrityError; run_write retries
+            # the transaction, which then reads the winner's row and reports the conflict.
+            conn.execute(
+                insert(l_t).values(
+                    resource_id=resource_id,
+                    owner=owner,
+                    acquired_at=now,
+                    renewed_at=now,
+                    expires_at=now + ttl,
+                )
+            )
+        else:
+            if row.owner != owner and row.expires_at > now:
+                raise LeaseConflictError(resource_id, row.owner, row.expires_at)
+            same = row.owner == owner and row.expires_at > now
+            result = conn.execute(
+                update(l_t)
+                .where(
+                    l_t.c.resource_id == resource_id,
+                    l_t.c.owner == row.owner,
+                    l_t.c.expires_at == row.expires_at,
+                )
+                .values(
+                    owner=owner,
+                    acquired_at=row.acquired_at if same else now,
+                    renewed_at=now,
+                    expires_at=now + ttl,
+                )
+            )
+            if result.rowcount != 1:
+                raise _LostRace()
+        return self._written_lease(conn, resource_id)
+
+    def _check_leasable(
+        self, conn: Connection, resource_id: str, drow: Row[Any], prow: Row[Any] | None
+    ) -> None:
+        where = f"{drow.node}:{drow.device_index}"
+        if not drow.present:
+            raise ResourceUnavailableError(resource_id, f"device {where} is not present")
+        if not drow.healthy:
+            why = f" ({drow.health_reason})" if drow.health_reason else ""
+            raise ResourceUnavailableError(resource_id, f"device {where} is unhealthy{why}")
+        node = self._node_row(conn, drow.node)
+        if node.role != "active":
+            raise ResourceUnavailableError(
+                resource_id,
+                f"node {drow.node!r} is in the spare pool; promote it with "
+                f"set_node_role({drow.node!r}, 'active') first",
+            )
+        cordons = self._cordon_rows(conn, drow.node, drow.uuid)
+        if cordons:
+            raise ResourceUnavailableError(
+                resource_id, f"{where} is cordoned: {'; '.join(c.reason for c in cordons)}"
+            )
+        p_t, l_t = schema.partitions, schema.leases
+        if prow is None:
+            count = len(
+                conn.execute(select(p_t.c.uuid).where(p_t.c.device_uuid == drow.uuid)).all()
+            )
+            if count:
+                raise ResourceUnavailableError(
+                    resource_id, f"device {where} has {count} partition(s); lease one of them"
+                )
+            return
+        whole = conn.execute(select(l_t).where(l_t.c.resource_id == drow.uuid)).first()
+        if whole is not None and whole.expires_at > self._clock():
+            raise LeaseConflictError(
+                resource_id, whole.owner, whole.expires_at, f"device {where} is leased whole"
+            )
+
+    def renew_lease(self, resource_id: str, owner: str, ttl_s: float) -> Lease:
+        """Extend ``owner``'s live lease to now + ``ttl_s``.
+
+        Raises LeaseNotHeldError when there is no lease, someone else holds it, or it has
+        already expired (an expired lease may have been taken over: acquire again).
+        """
+        check_name(resource_id, "resource id")
+        check_name(owner, "lease owner")
+        ttl = check_seconds(ttl_s, "ttl_s")
+
+        def work(conn: Connection) -> Lease:
+            now = self._clock()
+            l_t = schema.leases
+            row = conn.execute(select(l_t).where(l_t.c.resource_id == resource_id)).first()
+            if row is None:
+                raise LeaseNotHeldError(f"no lease on {resource_id!r} to renew for {owner!r}")
+            if row.owner != owner:
+                raise LeaseNotHeldError(
+                    f"lease on {resource_id!r} is held by {row.owner!r}, not {owner!r}"
+                )
+            if row.expires_at <= now:
+                raise LeaseNotHeldError(
+                    f"lease of {owner!r} on {resource_id!r} expired at {row.expires_at:.3f} "
+                    f"(now {now:.3f}); acquire it again"
+                )
+            result = conn.execute(
+                update(l_t)
+                .where(
+                    l_t.c.resource_id == resource_id,
+                    l_t.c.owner == owner,
+                    l_t.c.expires_at > now,
+                )
+                .values(renewed_at=now, expires_at=now + ttl)
+            )
+            if result.rowcount != 1:
+                raise LeaseNotHeldError(f"lease of {owner!r} on {resource_id!r} changed meanwhile")
+            return self._written_lease(conn, resource_id)
+
+        return self._write(work)
+
+    def release_lease(self, resource_id: str, owner: str) -> bool:
+        """End ``owner``'s lease (expired or not). True if one was ended; releasing again,
+        or a lease now held by someone else, is a no-op that returns False."""
+        check_name(resource_id, "resource id")
+        check_name(owner, "lease owner")
+        l_t = schema.leases
+
+        def work(conn: Connection) -> bool:
+            result = conn.execute(
+                delete(l_t).where(l_t.c.resource_id == resource_id, l_t.c.owner == owner)
+            )
+            return result.rowcount > 0
+
+        return self._write(work)
+
+    def leases(self, owner: str | None = None, *, include_expired: bool = False) -> list[Lease]:
+        """Unexpired leases (all of them with ``include_expired``), by resource id."""
+        l_t = schema.leases
+        query = select(l_t).order_by(l_t.c.resource_id)
+        if owner is not None:
+            query = query.where(l_t.c.owner == check_name(owner, "lease owner"))
+        if not include_expired:
+            query = query.where(l_t.c.expires_at > self._clock())
+        with self._read() as conn:
+            return self._leases_from_rows(conn, list(conn.execute(query)))
+
+    def lease(self, resource_id: str) -> Lease | None:
+        """The unexpired lease on a resource, or None."""
+        check_name(resource_id, "resource id")
+        with self._read() as conn:
+            found = self._lease(conn, resource_id)
+        return found if found is not None and not found.expired(self._clock()) else None
+
+    def expire_leases(self, now: float | None = None) -> list[Lease]:
+        """Delete leases expired at ``now`` (default: the clock) and return them."""
+        at = self._clock() if now is None else check_seconds(now, "now", allow_zero=True)
+        l_t = schema.leases
+
+        def work(conn: Connection) -> list[Lease]:
+            rows = list(conn.execute(select(l_t).where(l_t.c.expires_at <= at)))
+            ended = []
+            for lease in self._leases_from_rows(conn, rows):
+                # Only the row we read: a lease renewed meanwhile is no longer expired.
+                result = conn.execute(
+                    delete(l_t).where(
+                        l_t.c.resource_id == lease.resource_id,
+                        l_t.c.owner == lease.owner,
+                        l_t.c.expires_at == lease.expires_at_s,
+                    )
+                )
+                if result.rowcount == 1:
+                    ended.append(lease)
+            return ended
+
+        return self._write(work)
+
+    def _lease(self, conn: Connection, resource_id: str) -> Lease | None:
+        l_t = schema.leases
+        row = conn.execute(select(l_t).where(l_t.c.resource_id == resource_id)).first()
+        return None if row is None else self._leases_from_rows(conn, [row])[0]
+
+    def _written_lease(self, conn: Connection, resource_id: str) -> Lease:
+        found = self._lease(conn, resource_id)
+        if found is None:  # pragma: no cover - we wrote it in this very transaction
+            raise LeaseNotHeldError(f"lease on {resource_id!r} vanished inside its transaction")
+        return found

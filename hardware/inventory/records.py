@@ -1,0 +1,212 @@
+"""What the inventory hands out: plain frozen dataclasses, its vocabularies and its errors.
+
+Callers get copies, never ORM rows: a record outlives the transaction that read it and
+can cross a process boundary (pickle) without dragging a database session along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hardware.backend import HardwareError
+
+NODE_ROLES = ("active", "spare")
+RESOURCE_KINDS = ("device", "mig", "vdcu")
+CONTROL_ACTIONS = ("checkpoint-now", "checkpoint-and-stop")
+CONTROL_STATUSES = ("pending", "acked")
+JOB_STATES = ("queued", "running", "checkpointed", "finished", "failed")
+
+
+class LeaseError(HardwareError):
+    """A lease could not be taken, renewed or found."""
+
+
+class LeaseConflictError(LeaseError):
+    """Someone else holds an unexpired lease on the resource."""
+
+    def __init__(
+        self, resource_id: str, holder: str, expires_at_s: float, detail: str = ""
+    ) -> None:
+        self.resource_id = resource_id
+        self.holder = holder
+        self.expires_at_s = expires_at_s
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"resource {resource_id!r} is leased by {holder!r} until {expires_at_s:.3f}{extra}"
+        )
+
+
+class ResourceUnavailableError(LeaseError):
+    """The resource exists but may not be leased now (cordoned, absent, spare, split...)."""
+
+    def __init__(self, resource_id: str, reason: str) -> None:
+        self.resource_id = resource_id
+        self.reason = reason
+        super().__init__(f"resource {resource_id!r} cannot be leased: {reason}")
+
+
+class LeaseNotHeldError(LeaseError):
+    """A renewal by someone who does not hold a live lease on the resource."""
+
+
+class ControlTimeoutError(HardwareError, TimeoutError):
+    """A control request was not acknowledged in time; ``request`` is its last state."""
+
+    def __init__(self, request: ControlRequest, timeout_s: float) -> None:
+        self.request = request
+        super().__init__(
+            f"control request {request.request_id} ({request.action} for job "
+            f"{request.job_id!r}) not acknowledged within {timeout_s:g} s"
+        )
+
+
+class _Record:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class NodeRecord(_Record):
+    name: str
+    region: str
+    role: str  # one of NODE_ROLES
+    backend: str
+    first_seen_s: float
+    last_seen_s: float
+
+
+@dataclass(frozen=True)
+class DeviceRecord(_Record):
+    node: str
+    index: int
+    vendor: str
+    sku: str
+    uuid: str  # also the device's resource id
+    memory_total_mb: int
+    pci_device_id: str | None
+    partition_kinds: tuple[str, ...]
+    present: bool
+    healthy: bool
+    health_reason: str | None
+    telemetry: dict[str, Any] | None  # last TelemetrySample.to_dict()
+    telemetry_at_s: float | None
+    last_seen_s: float
+
+
+@dataclass(frozen=True)
+class PartitionRecord(_Record):
+    uuid: str  # also the partition's resource id
+    node: str
+    device_index: int
+    device_uuid: str
+    profile: str
+    kind: str  # "mig" | "vdcu"
+    memory_mb: int
+    compute_units: int | None  # vDCU compute units, or MIG compute slices
+    placement_start: int | None
+    placement_size: int | None
+
+
+@dataclass(frozen=True)
+class Resource(_Record):
+    """Something leasable: a whole device (id = its uuid) or a partition (id = its uuid)."""
+
+    resource_id: str
+    kind: str  # one of RESOURCE_KINDS
+    node: str
+    device_index: int
+    device_uuid: str
+    vendor: str
+    sku: str
+    region: str
+    memory_mb: int
+    compute_units: int | None
+    profile: str | None  # None for a whole device
+    placement_start: int | None
+    cordoned: bool
+
+
+@dataclass(frozen=True)
+class Lease(_Record):
+    resource_id: str
+    owner: str
+    acquired_at_s: float
+    renewed_at_s: float
+    expires_at_s: float
+    # Where the resource is; None once the resource is no longer in the inventory.
+    kind: str | None = None
+    node: str | None = None
+    device_index: int | None = None
+
+    def expired(self, now_s: float) -> bool:
+        return self.expires_at_s <= now_s
+
+
+@dataclass(frozen=True)
+class Cordon(_Record):
+    node: str
+    index: int | None  # None: the whole node
+    device_uuid: str | None
+    reason: str
+    created_at_s: float
+
+
+@dataclass(frozen=True)
+class ControlRequest(_Record):
+    request_id: int
+    job_id: str
+    action: str  # one of CONTROL_ACTIONS
+    status: str  # one of CONTROL_STATUSES
+    requested_at_s: float
+    acked_at_s: float | None
+    checkpoint_id: str | None
+
+
+@dataclass(frozen=True)
+class JobRecord(_Record):
+    job_id: str
+    spec: dict[str, Any]
+    state: str  # one of JOB_STATES
+    resource_ids: tuple[str, ...]
+    last_checkpoint_id: str | None
+    info: dict[str, Any]
+    created_at_s: float
+    updated_at_s: float
+
+
+@dataclass(frozen=True)
+class SyncReport(_Record):
+    """What one ``Inventory.sync`` changed. Device keys read "node:index"."""
+
+    backend: str
+    nodes_added: tuple[str, ...] = ()
+    nodes_updated: tuple[str, ...] = ()
+    devices_added: tuple[str, ...] = ()
+    devices_updated: tuple[str, ...] = ()
+    devices_missing: tuple[str, ...] = ()  # newly not present
+    devices_returned: tuple[str, ...] = ()  # present again
+    partitions_added: tuple[str, ...] = ()
+    partitions_updated: tuple[str, ...] = ()
+    partitions_removed: tuple[str, ...] = ()
+    leases_ended: tuple[Lease, ...] = ()  # their resource is gone
+    leases_at_risk: tuple[Lease, ...] = ()  # their device went missing; lease kept
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def changed(self) -> bool:
+        return any(
+            getattr(self, name)
+            for name in (
+                "nodes_added",
+                "nodes_updated",
+                "devices_added",
+                "devices_updated",
+                "devices_missing",
+                "devices_returned",
+                "partitions_added",
+                "partitions_updated",
+                "partitions_removed",
+                "leases_ended",
+            )
+        )

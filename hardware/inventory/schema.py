@@ -1,0 +1,144 @@
+"""The inventory's tables (SQLAlchemy Core), portable between SQLite and PostgreSQL.
+
+Identity choices that matter under failure:
+- a device is its uuid, not its (node, index): NVML renumbers the survivors when a GPU
+  falls off the bus, and leases, cordons and history must stay with the physical part.
+  (node, index) is unique only among present devices (a partial unique index).
+- a lease row is keyed by the resource id, so "two holders of one resource" cannot be
+  written at all; takeover of an expired lease is a compare-and-swap update.
+- times are float seconds from the inventory's clock (injectable for tests).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    true,
+)
+
+SCHEMA_VERSION = 1
+NODE_CORDON = ""  # device_uuid of a cordon that covers the whole node
+
+metadata = MetaData()
+
+meta = Table(
+    "gf_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(255), nullable=False),
+)
+
+nodes = Table(
+    "gf_nodes",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("region", String(255), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("backend", String(64), nullable=False),
+    Column("first_seen", Float, nullable=False),
+    Column("last_seen", Float, nullable=False),
+)
+
+devices = Table(
+    "gf_devices",
+    metadata,
+    Column("uuid", String(255), primary_key=True),
+    Column("node", String(255), ForeignKey("gf_nodes.name"), nullable=False),
+    Column("device_index", Integer, nullable=False),
+    Column("vendor", String(32), nullable=False),
+    Column("sku", String(255), nullable=False),
+    Column("memory_total_mb", Integer, nullable=False),
+    Column("pci_device_id", String(32), nullable=True),
+    Column("partition_kinds", String(64), nullable=False, default=""),
+    Column("present", Boolean, nullable=False),
+    Column("healthy", Boolean, nullable=False),
+    Column("health_reason", Text, nullable=True),
+    Column("telemetry", JSON, nullable=True),
+    Column("telemetry_at", Float, nullable=True),
+    Column("last_seen", Float, nullable=False),
+)
+Index("ix_gf_devices_node", devices.c.node, devices.c.device_index)
+Index(
+    "uq_gf_devices_present_slot",
+    devices.c.node,
+    devices.c.device_index,
+    unique=True,
+    sqlite_where=devices.c.present == true(),
+    postgresql_where=devices.c.present == true(),
+)
+
+partitions = Table(
+    "gf_partitions",
+    metadata,
+    Column("uuid", String(255), primary_key=True),
+    Column("device_uuid", String(255), ForeignKey("gf_devices.uuid"), nullable=False),
+    Column("profile", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+    Column("compute_units", Integer, nullable=True),
+    Column("placement_start", Integer, nullable=True),
+    Column("placement_size", Integer, nullable=True),
+)
+Index("ix_gf_partitions_device", partitions.c.device_uuid)
+
+leases = Table(
+    "gf_leases",
+    metadata,
+    Column("resource_id", String(255), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("acquired_at", Float, nullable=False),
+    Column("renewed_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+Index("ix_gf_leases_owner", leases.c.owner)
+Index("ix_gf_leases_expires", leases.c.expires_at)
+
+cordons = Table(
+    "gf_cordons",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(255), ForeignKey("gf_nodes.name"), nullable=False),
+    Column("device_uuid", String(255), nullable=False),  # NODE_CORDON for the whole node
+    Column("reason", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("node", "device_uuid", name="uq_gf_cordons_target"),
+)
+
+control_requests = Table(
+    "gf_control_requests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(255), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("requested_at", Float, nullable=False),
+    Column("acked_at", Float, nullable=True),
+    Column("checkpoint_id", String(255), nullable=True),
+)
+# The training loop polls (job_id, pending) every step: keep that an index lookup.
+Index("ix_gf_control_poll", control_requests.c.job_id, control_requests.c.status)
+
+jobs = Table(
+    "gf_jobs",
+    metadata,
+    Column("job_id", String(255), primary_key=True),
+    Column("spec", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("resource_ids", JSON, nullable=False),
+    Column("last_checkpoint_id", String(255), nullable=True),
+    Column("info", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+Index("ix_gf_jobs_state", jobs.c.state)

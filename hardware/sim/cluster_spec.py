@@ -1,0 +1,264 @@
+"""The twin's fleet description: a small YAML file of nodes, devices and a seed.
+
+Format (see hardware/data/default_cluster.yaml)::
+
+    name: gpuflow-default
+    seed: 20261130
+    faults:                      # optional; every key optional (hardware.sim.hazard defaults)
+      natural: true              # draw natural failures from the hazard model
+      rate_per_node_day: 0.0065
+      lemon_fraction: 0.05
+      lemon_factor: 20
+    nodes:
+      - name: a100-0
+        region: cn-north
+        role: active             # active | spare
+        ambient_c: 30            # optional inlet temperature of the node
+        devices: [{sku: a100-40gb, count: 4}]
+
+Validation happens here, all of it, so the twin never starts from a spec it cannot run;
+every error names the file, the node and the field.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hardware.backend import InvalidRequestError
+from hardware.sim.hazard import HazardModel
+from hardware.skus import SkuSpec, sku
+
+DEFAULT_AMBIENT_C = 30.0  # estimate: data-centre inlet air plus the sensor's offset at idle
+_TOP_KEYS = {"name", "seed", "nodes", "faults"}
+_NODE_KEYS = {"name", "region", "role", "devices", "ambient_c"}
+_GROUP_KEYS = {"sku", "count"}
+_FAULT_KEYS = {
+    "natural",
+    "rate_per_node_day",
+    "gpus_per_node",
+    "device_share",
+    "abrupt_share",
+    "lemon_fraction",
+    "lemon_factor",
+}
+
+
+class ClusterSpecError(InvalidRequestError):
+    """A cluster spec that cannot describe a fleet; the message names the field."""
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    sku: str  # the full SKU name (aliases are resolved on load)
+    count: int
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    region: str
+    role: str
+    devices: tuple[DeviceGroup, ...]
+    ambient_c: float = DEFAULT_AMBIENT_C
+
+    def device_skus(self) -> list[str]:
+        """SKU name per device index on this node."""
+        return [g.sku for g in self.devices for _ in range(g.count)]
+
+
+@dataclass(frozen=True)
+class FaultSettings:
+    natural: bool = True
+    hazard: HazardModel = field(default_factory=HazardModel)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    seed: int
+    nodes: tuple[NodeSpec, ...]
+    faults: FaultSettings = field(default_factory=FaultSettings)
+    source: str = "<packaged default>"
+
+    def device_slots(self) -> list[tuple[str, int, SkuSpec]]:
+        """(node, index, sku) for every device, in spec order (the device ordinal)."""
+        return [
+            (n.name, i, sku(name)) for n in self.nodes for i, name in enumerate(n.device_skus())
+        ]
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise InvalidRequestError(
+            f"no node {name!r} in cluster {self.name!r}; nodes: {', '.join(n.name for n in self.nodes)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical content (no source path): what "the same spec" means."""
+        d = asdict(self)
+        d.pop("source")
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<state>") -> ClusterSpec:
+        faults = data.get("faults") or {}
+        hazard = HazardModel(**(faults.get("hazard") or {}))
+        return cls(
+            name=data["name"],
+            seed=int(data["seed"]),
+            nodes=tuple(
+                NodeSpec(
+                    name=n["name"],
+                    region=n["region"],
+                    role=n["role"],
+                    devices=tuple(DeviceGroup(**g) for g in n["devices"]),
+                    ambient_c=float(n.get("ambient_c", DEFAULT_AMBIENT_C)),
+                )
+                for n in data["nodes"]
+            ),
+            faults=FaultSettings(natural=bool(faults.get("natural", True)), hazard=hazard),
+            source=source,
+        )
+
+
+def _fail(source: str, where: str, what: str) -> ClusterSpecError:
+    return ClusterSpecError(f"cluster spec {source}: {where}: {what}")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _unknown(keys: set[str], allowed: set[str]) -> str:
+    return f"unknown key(s) {sorted(keys - allowed)}; allowed: {sorted(allowed)}"
+
+
+def parse_cluster_spec(data: object, source: str = "<memory>") -> ClusterSpec:
+    """Validate a parsed YAML document and build the spec; raises ClusterSpecError."""
+    if not isinstance(data, dict):
+        raise _fail(source, "top level", f"expected a mapping, got {type(data).__name__}")
+    if set(data) - _TOP_KEYS:
+        raise _fail(source, "top level", _unknown(set(data), _TOP_KEYS))
+    name = data.get("name", "unnamed")
+    if not isinstance(name, str) or not name.strip():
+        raise _fail(source, "name", f"must be a non-empty string, got {name!r}")
+    seed = data.get("seed", 0)
+    if not _is_int(seed):
+        raise _fail(source, "seed", f"must be an integer, got {seed!r}")
+    faults = _parse_faults(data.get("faults"), source)
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise _fail(source, "nodes", "must be a non-empty list of nodes")
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_nodes):
+        node = _parse_node(raw, i, source)
+        if node.name in seen:
+            raise _fail(source, f"nodes[{i}] ({node.name!r})", "duplicate node name")
+        seen.add(node.name)
+        nodes.append(node)
+    return ClusterSpec(name=name, seed=seed, nodes=tuple(nodes), faults=faults, source=source)
+
+
+def _parse_node(raw: object, i: int, source: str) -> NodeSpec:
+    where = f"nodes[{i}]"
+    if not isinstance(raw, dict):
+        raise _fail(source, where, f"expected a mapping, got {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip() or ":" in name or "/" in name:
+        raise _fail(
+            source, f"{where}.name", f"must be a non-empty string without ':' or '/', got {name!r}"
+        )
+    where = f"node {name!r}"
+    if set(raw) - _NODE_KEYS:
+        raise _fail(source, where, _unknown(set(raw), _NODE_KEYS))
+    region = raw.get("region")
+    if not isinstance(region, str) or not region.strip():
+        raise _fail(source, f"{where}.region", f"must be a non-empty string, got {region!r}")
+    role = raw.get("role", "active")
+    if role not in ("active", "spare"):
+        raise _fail(source, f"{where}.role", f"must be 'active' or 'spare', got {role!r}")
+    ambient = raw.get("ambient_c", DEFAULT_AMBIENT_C)
+    if not _is_number(ambient) or not -20.0 <= float(ambient) <= 60.0:
+        raise _fail(source, f"{where}.ambient_c", f"must be a number in [-20, 60], got {ambient!r}")
+    groups_raw = raw.get("devices")
+    if not isinstance(groups_raw, list) or not groups_raw:
+        raise _fail(source, f"{where}.devices", "must be a non-empty list of {sku, count}")
+    groups: list[DeviceGroup] = []
+    for j, g in enumerate(groups_raw):
+        gw = f"{where}.devices[{j}]"
+        if not isinstance(g, dict):
+            raise _fail(source, gw, f"expected a mapping {{sku, count}}, got {g!r}")
+        if set(g) - _GROUP_KEYS:
+            raise _fail(source, gw, _unknown(set(g), _GROUP_KEYS))
+        if "sku" not in g or not isinstance(g["sku"], str):
+            raise _fail(source, f"{gw}.sku", f"must be a SKU name, got {g.get('sku')!r}")
+        try:
+            spec = sku(g["sku"])
+        except InvalidRequestError as e:
+            raise _fail(source, f"{gw}.sku", str(e)) from None
+        count = g.get("count", 1)
+        if not _is_int(count) or count < 1:
+            raise _fail(source, f"{gw}.count", f"must be an integer >= 1, got {count!r}")
+        groups.append(DeviceGroup(sku=spec.name, count=count))
+    return NodeSpec(
+        name=name, region=region, role=role, devices=tuple(groups), ambient_c=float(ambient)
+    )
+
+
+def _parse_faults(raw: object, source: str) -> FaultSettings:
+    if raw is None:
+        return FaultSettings()
+    if not isinstance(raw, dict):
+        raise _fail(source, "faults", f"expected a mapping, got {raw!r}")
+    if set(raw) - _FAULT_KEYS:
+        raise _fail(source, "faults", _unknown(set(raw), _FAULT_KEYS))
+    natural = raw.get("natural", True)
+    if not isinstance(natural, bool):
+        raise _fail(source, "faults.natural", f"must be true or false, got {natural!r}")
+    params: dict[str, Any] = {}
+    for key in _FAULT_KEYS - {"natural"}:
+        if key not in raw:
+            continue
+        v = raw[key]
+        if key == "gpus_per_node":
+            if not _is_int(v) or v < 1:
+                raise _fail(source, f"faults.{key}", f"must be an integer >= 1, got {v!r}")
+        elif not _is_number(v) or v < 0:
+            raise _fail(source, f"faults.{key}", f"must be a number >= 0, got {v!r}")
+        params[key] = v
+    try:
+        hazard = HazardModel(**params)
+    except ValueError as e:
+        raise _fail(source, "faults", str(e)) from None
+    return FaultSettings(natural=natural, hazard=hazard)
+
+
+def load_cluster_spec(path: Path | None = None) -> ClusterSpec:
+    """Read and validate a cluster spec; None reads the packaged default fleet."""
+    if path is None:
+        res = importlib.resources.files("hardware").joinpath("data/default_cluster.yaml")
+        text = res.read_text(encoding="utf-8")
+        source = "<packaged default>"
+    else:
+        path = Path(path)
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ClusterSpecError(f"cluster spec {source}: cannot read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ClusterSpecError(f"cluster spec {source}: not valid YAML: {e}") from None
+    return parse_cluster_spec(data, source)

@@ -1,0 +1,1 @@
+"""Training workloads: models (tasks.training.models) and offline data (tasks.training.data)."""

@@ -1,0 +1,76 @@
+"""Where a job runs: lease a device or partition from the inventory, bind torch to it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, Field
+
+from hardware.backend import Backend, InvalidRequestError
+from hardware.inventory import Inventory, Lease, LeaseConflictError, Resource
+from hardware.skus import SkuSpec, sku
+
+log = logging.getLogger(__name__)
+
+
+class DeviceRequest(BaseModel):
+    """What a job asks for: a whole device of a SKU, a partition of a profile, or one by id."""
+
+    sku: str | None = Field(default=None, description="SKU name or alias (a100-40gb, v100, dcu-z100...)")
+    profile: str | None = Field(default=None, description="MIG profile (3g.20gb...) or 'vdcu'; none: a whole device")
+    resource_id: str | None = Field(default=None, description="A device or partition uuid")
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class Binding:
+    resource: Resource
+    lease: Lease
+    sku: SkuSpec | None
+    torch_device: torch.device
+    backend_name: str
+
+
+def torch_device_for(backend: Backend) -> torch.device:
+    """The twin's devices run their jobs on this machine's CPU; real ones on CUDA/ROCm."""
+    if backend.name != "sim" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def lease_device(
+    inventory: Inventory, backend: Backend, request: DeviceRequest, owner: str, ttl_s: float = 300.0
+) -> Binding:
+    """Lease the first free resource matching ``request``; refuse clearly when none is."""
+    if not inventory.devices():
+        inventory.sync(backend)
+    sku_name = sku(request.sku).name if request.sku else None
+    if request.resource_id:
+        candidates = [inventory.resource(request.resource_id)]
+    else:
+        kind = None if request.profile is None else ("vdcu" if request.profile == "vdcu" else "mig")
+        candidates = inventory.free_resources(
+            sku=sku_name, kind=kind or "device", profile=request.profile if kind == "mig" else None,
+            region=request.region,
+        )
+    for res in candidates:
+        try:
+            lease = inventory.acquire_lease(res.resource_id, owner, ttl_s)
+        except LeaseConflictError:
+            continue  # another process took it between the query and the lease
+        spec = _sku_or_none(res.sku)
+        log.info("job %s leased %s (%s on %s:%d)", owner, res.resource_id, res.sku, res.node, res.device_index)
+        return Binding(res, lease, spec, torch_device_for(backend), backend.name)
+    raise InvalidRequestError(
+        f"no free resource matches {request.model_dump(exclude_none=True) or 'any device'}: "
+        "all are leased, cordoned, unhealthy or on spare nodes"
+    )
+
+
+def _sku_or_none(name: str) -> SkuSpec | None:
+    try:
+        return sku(name)
+    except InvalidRequestError:
+        return None  # a real device of a model the tables do not know: no SKU limits

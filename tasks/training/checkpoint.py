@@ -1,0 +1,515 @@
+"""Exact, atomic, verified training checkpoints on any CheckpointStore.
+
+Layout in the store, per job::
+
+    <job_id>/step-000000100/model.<nonce>.pt        one file per top-level state key
+    <job_id>/step-000000100/optimizer.<nonce>.pt
+    <job_id>/step-000000100/manifest.json           written LAST: the commit point
+
+A checkpoint exists once its manifest exists; the manifest lists every file with its
+sha256 and size, so a reader can prove the bytes are the ones that were written. Data
+files carry a random nonce, so re-saving a step never touches the files a committed
+manifest points to: a crash at any moment leaves every committed checkpoint intact.
+
+Exact resume needs the model, optimizer, scaler, every RNG, the data sampler position and
+the precision policy's state (DESIGN.md sec 5): the caller passes them all in ``state``;
+``capture_rng_state``/``restore_rng_state`` cover the RNGs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import random
+import re
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.serialization import config as torch_serialization_config
+
+from tasks.training.storage import CheckpointStore, ObjectNotFoundError, StorageError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_CHECKPOINT_ID = re.compile(r"^step-(\d{9,})$")
+# Chunks at least this big are hashed on a helper thread while the caller writes them:
+# hashlib and file writes both release the GIL, so hashing costs (almost) no wall time.
+_OVERLAP_MIN_BYTES = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No committed checkpoint with that id."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint's manifest or files do not match (partial write, bit rot, tampering)."""
+
+
+class ModelMismatchError(CheckpointError):
+    """The checkpoint belongs to a different model than the caller expects."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint as its manifest describes it."""
+
+    checkpoint_id: str
+    step: int
+    created_at: str
+    model_name: str | None
+    model_fingerprint: str | None
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A verified checkpoint: its state (as passed to ``save``) and its manifest."""
+
+    checkpoint_id: str
+    step: int
+    state: dict[str, Any]
+    manifest: dict[str, Any]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.manifest.get("meta", {})
+
+
+def checkpoint_id_for(step: int) -> str:
+    """The id of the checkpoint at ``step``; zero-padded so ids sort like steps."""
+    return f"step-{step:09d}"
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A sha256 of a model's architecture: class, parameter/buffer names, shapes, dtypes.
+
+    Two models with the same fingerprint can load each other's weights; the weights
+    themselves are not part of it (they change every step).
+    """
+    digest = hashlib.sha256(type(model).__qualname__.encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"|{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+    return digest.hexdigest()
+
+
+class _HashingWriter:
+    """File-like sink for torch.save: hashes and counts every byte on its way out."""
+
+    def __init__(self, target: Any, pool: ThreadPoolExecutor) -> None:
+        self._target = target
+        self._pool = pool
+        self.sha256 = hashlib.sha256()
+        self.size_bytes = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        if size >= _OVERLAP_MIN_BYTES:
+            hashing = self._pool.submit(self.sha256.update, view)
+            try:
+                _write_fully(self._target, view)
+            finally:
+                hashing.result()
+        else:
+            self.sha256.update(view)
+            _write_fully(self._target, view)
+        self.size_bytes += size
+        return size
+
+    def flush(self) -> None:
+        self._target.flush()
+
+
+def _write_fully(target: Any, view: memoryview) -> None:
+    # Raw (unbuffered) files may write less than asked.
+    while view.nbytes:
+        written = target.write(view)
+        if written is None:  # buffered writers that return nothing wrote everything
+            return
+        view = view[written:]
+
+
+def _json_ready(meta: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+    try:
+        return json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
+
+
+class CheckpointManager:
+    """Save, verify, list, load and prune the checkpoints of one training job.
+
+    ``expected_model`` is the model fingerprint this job trains (see ``model_fingerprint``);
+    when given, loading or saving a checkpoint of another model raises ModelMismatchError
+    before anything is read into the caller's objects or written to the store.
+    ``weights_only`` is passed to torch.load: True (safe) accepts tensors and plain Python
+    containers, which is what model/optimizer state and ``capture_rng_state`` produce.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        job_id: str,
+        keep_last: int = 3,
+        expected_model: str | None = None,
+        weights_only: bool = True,
+    ) -> None:
+        if not isinstance(job_id, str) or not _SAFE_NAME.match(job_id):
+            raise ValueError(
+                f"job_id {job_id!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
+            )
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(f"keep_last must be an integer >= 1, got {keep_last!r}")
+        self.store = store
+        self.job_id = job_id
+        self.keep_last = keep_last
+        self.expected_model = expected_model
+        self.weights_only = weights_only
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager(store={self.store!r}, job_id={self.job_id!r}, keep_last={self.keep_last})"
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def _key(self, checkpoint_id: str, name: str) -> str:
+        return f"{self.job_id}/{checkpoint_id}/{name}"
+
+    def _checkpoint_ids(self) -> dict[str, bool]:
+        """Every checkpoint folder of the job -> whether it is committed (has a manifest)."""
+        found: dict[str, bool] = {}
+        for key in self.store.list(f"{self.job_id}/"):
+            parts = key.split("/")
+            if len(parts) != 3 or not _CHECKPOINT_ID.match(parts[1]):
+                continue
+            found[parts[1]] = found.get(parts[1], False) or parts[2] == MANIFEST_NAME
+        return dict(sorted(found.items(), key=lambda item: _step_of(item[0])))
+
+    # -- save ---------------------------------------------------------------------------
+
+    def save(self, state: dict[str, Any], step: int, meta: dict[str, Any] | None = None) -> str:
+        """Write ``state`` as checkpoint ``step``; return its id. Prunes to ``keep_last``.
+
+        Each top-level key of ``state`` becomes one file (torch.save, hashed while it is
+        written). ``meta`` (JSON) may carry ``model_name`` and ``model_fingerprint``.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        if not isinstance(state, dict) or not state:
+            raise ValueError(
+                "state must be a non-empty dict (e.g. {'model': ..., 'optimizer': ...})"
+            )
+        for name in state:
+            if not isinstance(name, str) or not _SAFE_NAME.match(name) or name == "manifest":
+                raise ValueError(
+                    f"state key {name!r} must be a name of letters, digits, '_', '.', '-' "
+                    "(and not 'manifest'): it becomes a file name"
+                )
+        meta = _json_ready(meta or {})
+        fingerprint = meta.get("model_fingerprint", self.expected_model)
+        if self.expected_model is not None and fingerprint not in (None, self.expected_model):
+            raise ModelMismatchError(
+                f"job {self.job_id!r} expects model {self.expected_model}, "
+                f"but save() was given model_fingerprint {fingerprint}; nothing written"
+            )
+        self._refuse_other_model(fingerprint)
+
+        checkpoint_id = checkpoint_id_for(step)
+        nonce = secrets.token_hex(4)
+        files: dict[str, dict[str, Any]] = {}
+        for name, value in state.items():
+            file_name = f"{name}.{nonce}.pt"
+            # The zip CRC32 that torch computes by default costs ~20 % of a save and adds
+            # nothing over the sha256 we take of the same bytes. (The switch is global to
+            # torch while it is set.)
+            with (
+                torch_serialization_config.patch({"save.compute_crc32": False}),
+                self.store.open_write(self._key(checkpoint_id, file_name)) as handle,
+            ):
+                writer = _HashingWriter(handle, self._pool)
+                torch.save(value, writer)
+            files[name] = {
+                "file": file_name,
+                "sha256": writer.sha256.hexdigest(),
+                "size_bytes": writer.size_bytes,
+            }
+
+        manifest_key = self._key(checkpoint_id, MANIFEST_NAME)
+        replaced = self._read_manifest_or_none(checkpoint_id)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "job_id": self.job_id,
+            "checkpoint_id": checkpoint_id,
+            "step": step,
+            "created_at": datetime.now(UTC).isoformat(),
+            "model_name": meta.get("model_name"),
+            "model_fingerprint": fingerprint,
+            "meta": meta,
+            "files": files,
+        }
+        # The commit point: before this line the checkpoint does not exist.
+        self.store.put_bytes(manifest_key, json.dumps(manifest, indent=1).encode())
+
+        if replaced is not None:  # a re-save of the same step: its old files are garbage now
+            keep = {entry["file"] for entry in files.values()}
+            for entry in replaced.get("files", {}).values():
+                if isinstance(entry, dict) and entry.get("file") not in keep:
+                    self.store.delete(self._key(checkpoint_id, str(entry.get("file"))))
+        self.prune()
+        return checkpoint_id
+
+    def _refuse_other_model(self, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            return
+        committed = [cid for cid, done in self._checkpoint_ids().items() if done]
+        if not committed:
+            return
+        newest = self._read_manifest_or_none(committed[-1])
+        theirs = newest.get("model_fingerprint") if newest else None
+        if theirs is not None and theirs != fingerprint:
+            raise ModelMismatchError(
+                f"job {self.job_id!r} holds checkpoints of model {theirs} "
+                f"(newest {committed[-1]}), not {fingerprint}; nothing written. "
+                "Use another job_id or delete the old checkpoints."
+            )
+
+    def prune(self) -> list[str]:
+        """Keep the newest ``keep_last`` committed checkpoints; return the ids removed.
+
+        Uncommitted folders (a crashed save) older than the newest committed checkpoint are
+        removed too; a newer one may be a save in progress and is left alone.
+        """
+        ids = self._checkpoint_ids()
+        committed = [cid for cid, done in ids.items() if done]
+        doomed = committed[: max(0, len(committed) - self.keep_last)]
+        if committed:
+            newest_step = _step_of(committed[-1])
+            doomed += [cid for cid, done in ids.items() if not done and _step_of(cid) < newest_step]
+        for cid in doomed:
+            keys = self.store.list(f"{self.job_id}/{cid}/")
+            manifest = self._key(cid, MANIFEST_NAME)
+            # Manifest first: a crash half-way leaves an uncommitted folder, never a
+            # manifest that points at deleted files.
+            if manifest in keys:
+                self.store.delete(manifest)
+            for key in keys:
+                if key != manifest:
+                    self.store.delete(key)
+        return sorted(doomed, key=_step_of)
+
+    # -- read ---------------------------------------------------------------------------
+
+    def _read_manifest_or_none(self, checkpoint_id: str) -> dict[str, Any] | None:
+        try:
+            raw = self.store.get_bytes(self._key(checkpoint_id, MANIFEST_NAME))
+        except ObjectNotFoundError:
+            return None
+        try:
+            manifest = json.loads(raw)
+        except ValueError:
+            return {}
+        return manifest if isinstance(manifest, dict) else {}
+
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first (manifests only; files are not verified)."""
+        infos: list[CheckpointInfo] = []
+        for cid, done in self._checkpoint_ids().items():
+            if not done:
+                continue
+            manifest = self._read_manifest_or_none(cid) or {}
+            files = manifest.get("files") or {}
+            infos.append(
+                CheckpointInfo(
+                    checkpoint_id=cid,
+                    step=_step_of(cid),
+                    created_at=str(manifest.get("created_at", "")),
+                    model_name=manifest.get("model_name"),
+                    model_fingerprint=manifest.get("model_fingerprint"),
+                    size_bytes=sum(
+                        int(e.get("size_bytes", 0)) for e in files.values() if isinstance(e, dict)
+                    ),
+                )
+            )
+        return infos
+
+    def load(
+        self,
+        checkpoint_id: str,
+        expected_model: str | None = None,
+        map_location: str | torch.device | None = "cpu",
+    ) -> LoadedCheckpoint:
+        """Load and verify one checkpoint; raise if it is missing, corrupt or another model's."""
+        if not isinstance(checkpoint_id, str) or not _CHECKPOINT_ID.match(checkpoint_id):
+            raise ValueError(f"checkpoint id {checkpoint_id!r} is not of the form 'step-000000123'")
+        manifest = self._read_manifest_or_none(checkpoint_id)
+        if manifest is None:
+            raise CheckpointNotFoundError(
+                f"job {self.job_id!r} has no committed checkpoint {checkpoint_id!r} in {self.store!r}"
+            )
+        return self._verified(checkpoint_id, manifest, expected_model, map_location)
+
+    def latest(
+        self,
+        expected_model: str | None = None,
+        map_location: str | torch.device | None = "cpu",
+    ) -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies; corrupt or partial newer ones are skipped
+        with a warning. None when the job has no usable checkpoint."""
+        for cid, done in reversed(self._checkpoint_ids().items()):
+            if not done:
+                log.warning(
+                    "checkpoint %s/%s has no manifest (partial or crashed save); skipped",
+                    self.job_id,
+                    cid,
+                )
+                continue
+            manifest = self._read_manifest_or_none(cid)
+            if manifest is None:  # deleted between list and read
+                continue
+            try:
+                return self._verified(cid, manifest, expected_model, map_location)
+            except (CheckpointCorruptError, StorageError) as exc:
+                log.warning("checkpoint %s/%s is unusable and skipped: %s", self.job_id, cid, exc)
+        return None
+
+    def _verified(
+        self,
+        checkpoint_id: str,
+        manifest: dict[str, Any],
+        expected_model: str | None,
+        map_location: str | torch.device | None,
+    ) -> LoadedCheckpoint:
+        where = f"{self.job_id}/{checkpoint_id}"
+        files = manifest.get("files")
+        if (
+            manifest.get("format") != MANIFEST_FORMAT
+            or manifest.get("job_id") != self.job_id
+            or manifest.get("checkpoint_id") != checkpoint_id
+            or manifest.get("step") != _step_of(checkpoint_id)
+            or not isinstance(files, dict)
+            or not files
+        ):
+            raise CheckpointCorruptError(f"manifest of {where} is malformed or belongs elsewhere")
+
+        expected = expected_model if expected_model is not None else self.expected_model
+        theirs = manifest.get("model_fingerprint")
+        if expected is not None and theirs != expected:
+            raise ModelMismatchError(
+                f"checkpoint {where} is of model {theirs} "
+                f"({manifest.get('model_name')!r}), expected {expected}; nothing loaded"
+            )
+
+        state: dict[str, Any] = {}
+        for name, entry in files.items():
+            if not isinstance(entry, dict) or not {"file", "sha256", "size_bytes"} <= entry.keys():
+                raise CheckpointCorruptError(f"manifest of {where} has a malformed entry {name!r}")
+            key = self._key(checkpoint_id, str(entry["file"]))
+            try:
+                data = self.store.get_bytes(key)
+            except ObjectNotFoundError:
+                raise CheckpointCorruptError(f"{where}: file {entry['file']} is missing") from None
+            if len(data) != entry["size_bytes"]:
+                raise CheckpointCorruptError(
+                    f"{where}: file {entry['file']} has {len(data)} bytes, "
+                    f"the manifest says {entry['size_bytes']}"
+                )
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != entry["sha256"]:
+                raise CheckpointCorruptError(
+                    f"{where}: file {entry['file']} sha256 {digest} != manifest {entry['sha256']}"
+                )
+            try:
+                state[name] = torch.load(
+                    io.BytesIO(data), map_location=map_location, weights_only=self.weights_only
+                )
+            except Exception as exc:  # verified bytes that torch cannot read: wrong writer
+                raise CheckpointCorruptError(
+                    f"{where}: file {entry['file']} does not load: {exc}"
+                ) from exc
+        return LoadedCheckpoint(
+            checkpoint_id=checkpoint_id,
+            step=_step_of(checkpoint_id),
+            state=state,
+            manifest=manifest,
+        )
+
+
+def _step_of(checkpoint_id: str) -> int:
+    match = _CHECKPOINT_ID.match(checkpoint_id)
+    if not match:
+        raise ValueError(f"not a checkpoint id: {checkpoint_id!r}")
+    return int(match.group(1))
+
+
+# -- RNG state ------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every global RNG (python, numpy, torch CPU, torch CUDA) in torch.load-safe types."""
+    bit_generator, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": str(bit_generator),
+            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what ``capture_rng_state`` returned; raises before changing anything if
+    the dict is incomplete."""
+    missing = {"python", "numpy", "torch"} - set(state)
+    if missing:
+        raise ValueError(f"RNG state lacks {sorted(missing)}")
+    numpy_state = state["numpy"]
+    np_tuple = (
+        numpy_state["bit_generator"],
+        np.asarray(torch.as_tensor(numpy_state["key"]).numpy(), dtype=np.uint32),
+        int(numpy_state["pos"]),
+        int(numpy_state["has_gauss"]),
+        float(numpy_state["cached_gaussian"]),
+    )
+    python_state = state["python"]
+    if isinstance(python_state, list):  # JSON or other round trips turn tuples into lists
+        python_state = (python_state[0], tuple(python_state[1]), python_state[2])
+    random.setstate(python_state)
+    np.random.set_state(np_tuple)
+    torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
+    cuda_states = state.get("torch_cuda") or []
+    if cuda_states and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if len(cuda_states) != count:
+            log.warning(
+                "checkpoint has CUDA RNG state for %d devices, this process sees %d; "
+                "restoring the first %d (resume is not bit-exact across device counts)",
+                len(cuda_states),
+                count,
+                min(count, len(cuda_states)),
+            )
+        for index, cuda_state in enumerate(cuda_states[:count]):
+            torch.cuda.set_rng_state(torch.as_tensor(cuda_state, dtype=torch.uint8).cpu(), index)
+    elif cuda_states:
+        log.warning("checkpoint has CUDA RNG state but CUDA is not available; not restored")

@@ -1,0 +1,280 @@
+"""The training loop, readable top to bottom.
+
+Components are swappable units around it (torchtitan style): the model and data come
+from the registry, precision from AutoPrecision, checkpoints from CheckpointManager over
+any CheckpointStore, device utilization from a probe over the hardware layer, and the
+job control channel from the inventory. The loop imports neither Prefect nor MLflow:
+flows add those through ``hooks``.
+
+Exactness: everything a step depends on is in the checkpoint (model, optimizer, scaler,
+every RNG, the sampler's position, the precision policy's state), so on CPU in fp32 a
+run that is killed and resumed ends with the same bits as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from hardware.skus import SkuSpec
+from tasks.training.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    model_fingerprint,
+    restore_rng_state,
+)
+from tasks.training.data import build_dataset, eval_batches, make_sampler
+from tasks.training.models import build_model, lm_loss, model_spec
+from tasks.training.precision import AutoPrecision, Switch, validate_policy
+from tasks.training.spec import TrainSpec
+from tasks.training.storage import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NOW = "checkpoint-now"
+CHECKPOINT_AND_STOP = "checkpoint-and-stop"
+
+
+class UtilizationProbe(Protocol):
+    """Device utilization as the hardware reports it (None: no fresh reading)."""
+
+    def observe_step(self, busy_s: float, wall_s: float) -> float | None: ...
+
+
+class ControlChannel(Protocol):
+    """The per-job control channel (the inventory implements it)."""
+
+    def poll_control(self, job_id: str) -> Any | None: ...
+
+    def ack_control(self, request_id: Any, checkpoint_id: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step: int  # 1-based: the number of optimizer steps done
+    loss: float
+    precision: str
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float | None
+    utilization_ratio: float | None
+    switch: Switch | None
+
+
+@dataclass
+class TrainResult:
+    job_id: str
+    model: str
+    steps_done: int
+    resumed_from_step: int
+    stopped_by_request: bool
+    final_loss: float
+    eval_loss: float | None
+    wall_time_s: float
+    train_time_s: float  # time inside steps only (comparable across runs)
+    switches: list[Switch] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+    last_checkpoint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["switches"] = [s.to_dict() for s in self.switches]
+        return d
+
+
+@dataclass
+class Workload:
+    """Everything built from a spec: model, optimizer, data, precision, loss."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: Any
+    eval_set: list[tuple[torch.Tensor, torch.Tensor]]
+    precision: AutoPrecision
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    tokens_per_sample: int | None
+    fingerprint: str
+
+
+def build_workload(
+    spec: TrainSpec, device: torch.device, sku: SkuSpec | None = None
+) -> Workload:
+    """Model, optimizer, data and precision for ``spec``; validates before anything runs."""
+    validate_policy(spec.precision, device, sku)  # fp16/bf16 asked of a device without it
+    mspec = model_spec(spec.model)
+    model = build_model(spec.model, seed=spec.seed).to(device)
+    if mspec.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=spec.resolved_lr, momentum=0.9, weight_decay=mspec.weight_decay
+        )
+    else:
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=spec.resolved_lr, weight_decay=mspec.weight_decay
+        )
+    dataset = build_dataset(spec.resolved_dataset, seed=spec.seed)
+    seq_len = spec.resolved_seq_len
+    sampler = make_sampler(dataset, batch_size=spec.resolved_batch_size, seed=spec.seed, seq_len=seq_len)
+    evals = eval_batches(
+        dataset, batch_size=spec.resolved_batch_size, seq_len=seq_len, max_batches=spec.eval_batches
+    )
+    loss_fn = lm_loss if mspec.task == "lm" else F.cross_entropy
+    return Workload(
+        model=model,
+        optimizer=optimizer,
+        sampler=sampler,
+        eval_set=evals,
+        precision=AutoPrecision(spec.precision, device, sku),
+        loss_fn=loss_fn,
+        tokens_per_sample=seq_len,
+        fingerprint=model_fingerprint(model),
+    )
+
+
+def _state(w: Workload, step: int) -> dict[str, Any]:
+    return {
+        "model": w.model.state_dict(),
+        "optimizer": w.optimizer.state_dict(),
+        "precision": w.precision.state_dict(),
+        "sampler": w.sampler.state_dict(),
+        "rng": capture_rng_state(),
+        "progress": {"step": step},
+    }
+
+
+def _restore(w: Workload, state: dict[str, Any]) -> int:
+    w.model.load_state_dict(state["model"])
+    w.optimizer.load_state_dict(state["optimizer"])
+    w.precision.load_state_dict(state["precision"])
+    w.sampler.load_state_dict(state["sampler"])
+    restore_rng_state(state["rng"])
+    return int(state["progress"]["step"])
+
+
+def evaluate(w: Workload, device: torch.device) -> float:
+    """Mean loss on the fixed eval set, in fp32 so policies are compared on equal terms."""
+    w.model.eval()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for x, y in w.eval_set:
+            total += float(w.loss_fn(w.model(x.to(device)), y.to(device))) * len(x)
+            n += len(x)
+    w.model.train()
+    return total / max(n, 1)
+
+
+def train_loop(
+    spec: TrainSpec,
+    store: CheckpointStore,
+    *,
+    device: torch.device | str = "cpu",
+    sku: SkuSpec | None = None,
+    utilization: UtilizationProbe | None = None,
+    control: ControlChannel | None = None,
+    hooks: Sequence[Callable[[StepInfo], None]] = (),
+    on_checkpoint: Callable[[str, int], None] | None = None,
+) -> TrainResult:
+    """Train ``spec`` from its latest checkpoint (or from scratch) up to ``spec.steps``."""
+    started = time.perf_counter()
+    device = torch.device(device)
+    w = build_workload(spec, device, sku)
+    ckpt = CheckpointManager(store, spec.job_id, keep_last=spec.keep_last, expected_model=w.fingerprint)
+    meta = {"model_name": spec.model, "model_fingerprint": w.fingerprint, "spec": spec.model_dump()}
+
+    # Resume: the newest checkpoint that verifies (corrupt ones are skipped inside).
+    step = 0
+    loaded = ckpt.latest(expected_model=w.fingerprint)
+    if loaded is not None:
+        step = _restore(w, loaded.state)
+        log.info("job %s resumes from %s (step %d)", spec.job_id, loaded.checkpoint_id, step)
+    resumed_from = step
+    if loaded is None:
+        torch.manual_seed(spec.seed)  # the data order is seeded in the sampler already
+
+    checkpoints: list[str] = []
+
+    def save(at_step: int) -> str:
+        cid = ckpt.save(_state(w, at_step), at_step, meta)
+        checkpoints.append(cid)
+        if on_checkpoint:
+            on_checkpoint(cid, at_step)
+        return cid
+
+    stopped = False
+    loss_value = math.nan
+    train_time_s = 0.0
+    batch = spec.resolved_batch_size
+    w.model.train()
+    while step < spec.steps:
+        t_wall = time.perf_counter()
+        x, y = next(w.sampler)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+        t_busy = time.perf_counter()
+        with w.precision.autocast():
+            loss = w.loss_fn(w.model(x), y)
+        w.optimizer.zero_grad(set_to_none=True)
+        w.precision.scale(loss).backward()
+        w.precision.step(w.optimizer)
+        overflowed = w.precision.update()
+        loss_value = float(loss.detach())
+        busy_s = time.perf_counter() - t_busy
+        train_time_s += busy_s
+        step += 1
+
+        util = utilization.observe_step(busy_s, time.perf_counter() - t_wall) if utilization else None
+        switch = w.precision.observe(step, util, loss_value, overflowed)
+        info = StepInfo(
+            step=step, loss=loss_value, precision=w.precision.current, step_time_s=busy_s,
+            samples_per_s=batch / busy_s if busy_s > 0 else math.inf,
+            tokens_per_s=(batch * w.tokens_per_sample / busy_s) if w.tokens_per_sample and busy_s > 0 else None,
+            utilization_ratio=util, switch=switch,
+        )
+        for hook in hooks:
+            hook(info)
+
+        # The control channel: remediation and preemption ask for a checkpoint here.
+        request = control.poll_control(spec.job_id) if control else None
+        if request is not None:
+            cid = save(step)
+            control.ack_control(request.request_id, cid)  # type: ignore[union-attr]
+            log.info("job %s: %s acknowledged with %s", spec.job_id, request.action, cid)
+            if request.action == CHECKPOINT_AND_STOP:
+                stopped = True
+                break
+            continue
+        if step % spec.checkpoint_interval == 0 or step == spec.steps:
+            save(step)
+
+    eval_loss = None if stopped else evaluate(w, device)
+    return TrainResult(
+        job_id=spec.job_id,
+        model=spec.model,
+        steps_done=step,
+        resumed_from_step=resumed_from,
+        stopped_by_request=stopped,
+        final_loss=loss_value,
+        eval_loss=eval_loss,
+        wall_time_s=time.perf_counter() - started,
+        train_time_s=train_time_s,
+        switches=list(w.precision.switches),
+        checkpoints=checkpoints,
+        last_checkpoint=checkpoints[-1] if checkpoints else (loaded.checkpoint_id if loaded else None),
+    )
+
+
+def trained_model(spec: TrainSpec, store: CheckpointStore, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """The model of ``spec`` with the weights of its latest checkpoint."""
+    model = build_model(spec.model, seed=spec.seed).to(device)
+    ckpt = CheckpointManager(store, spec.job_id, keep_last=spec.keep_last)
+    loaded = ckpt.latest(expected_model=model_fingerprint(model))
+    if loaded is None:
+        raise FileNotFoundError(f"job {spec.job_id!r} has no checkpoint in {store!r}")
+    model.load_state_dict(loaded.state["model"])
+    return model

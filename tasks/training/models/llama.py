@@ -1,0 +1,250 @@
+"""A Llama-style decoder-only language model, written out in plain torch.
+
+Pre-norm blocks with RMSNorm, rotary position embeddings (RoPE), grouped-query attention
+(n_kv_heads <= n_heads) through ``F.scaled_dot_product_attention`` and a SwiGLU MLP; the
+token embedding and the output projection may share one matrix. Written out here rather than
+taken from a library so that the same code runs on CPU, CUDA and ROCm (Hygon DCU) builds of
+torch and stays exportable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-style model. ``ffn_hidden_dim`` None: Llama's 2/3 * 4 * dim rule."""
+
+    vocab_size: int = 256
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    ffn_hidden_dim: int | None = None
+    multiple_of: int = 32
+    max_seq_len: int = 128
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for field in ("vocab_size", "dim", "n_layers", "n_heads", "multiple_of", "max_seq_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"LlamaConfig.{field} must be a positive int, got {value!r}")
+        if self.n_kv_heads is not None and (
+            not isinstance(self.n_kv_heads, int) or self.n_kv_heads <= 0
+        ):
+            raise ValueError(
+                f"LlamaConfig.n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}"
+            )
+        if self.ffn_hidden_dim is not None and (
+            not isinstance(self.ffn_hidden_dim, int) or self.ffn_hidden_dim <= 0
+        ):
+            raise ValueError(
+                "LlamaConfig.ffn_hidden_dim must be a positive int or None, "
+                f"got {self.ffn_hidden_dim!r}"
+            )
+        if self.dim % self.n_heads:
+            raise ValueError(
+                f"LlamaConfig.dim ({self.dim}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"LlamaConfig.n_heads ({self.n_heads}) must be a multiple of "
+                f"n_kv_heads ({self.kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"LlamaConfig head_dim (dim/n_heads = {self.head_dim}) must be even for RoPE"
+            )
+        if not self.norm_eps > 0:
+            raise ValueError(f"LlamaConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"LlamaConfig.rope_theta must be > 0, got {self.rope_theta!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_hidden_dim is not None:
+            return self.ffn_hidden_dim
+        # Llama's rule: SwiGLU has three matrices instead of two, so 2/3 of the usual 4*dim
+        # keeps the MLP's parameter count; rounded up to a multiple for kernel-friendly shapes.
+        hidden = int(2 * 4 * self.dim / 3)
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, computed from the shape (no model needs to be built)."""
+        d, hd = self.dim, self.head_dim
+        attention = d * self.n_heads * hd * 2 + d * self.kv_heads * hd * 2
+        mlp = 3 * d * self.hidden_dim
+        per_layer = attention + mlp + 2 * d  # two RMSNorm weights
+        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return embeddings + self.n_layers * per_layer + d  # final norm
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (no mean subtraction, no bias)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32: the mean of squares under- or overflows in bf16/fp16.
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(
+    head_dim: int, max_seq_len: int, theta: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (max_seq_len, head_dim // 2), for positions 0..max_seq_len-1."""
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    positions = torch.arange(max_seq_len, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., T, head_dim) by position: pairs (i, i + head_dim/2) turn by angle_t,i.
+
+    The half-split pairing (not interleaved) uses only slicing and cat, which every backend
+    and the ONNX exporter handle; q·k then depends only on the position difference.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    # Cast the fp32 tables to x's dtype so autocast bf16/fp16 stays in one dtype.
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE on queries and keys."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.kv_heads
+        self.head_dim = config.head_dim
+        self.wq = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.wq(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        n_rep = self.n_heads // self.n_kv_heads
+        if n_rep > 1:
+            # Query head h reads kv head h // n_rep. Explicit repetition rather than SDPA's
+            # enable_gqa, which older ROCm/CUDA torch builds on the fleet do not have.
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim)
+        return self.wo(y)
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = SwiGLU(config.dim, config.hidden_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        # Not persistent: the tables follow from the config, so checkpoints need not carry them.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def _init_weights(self) -> None:
+        # GPT-2 style: N(0, 0.02), and the projections that write into the residual stream
+        # scaled by 1/sqrt(2 * n_layers) so the stream's variance does not grow with depth.
+        std = 0.02
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                last = name.rsplit(".", 1)[-1]
+                nn.init.normal_(module.weight, 0.0, residual_std if last in ("wo", "w2") else std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
+        seq = tokens.shape[1]
+        if seq > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {seq} exceeds the model's max_seq_len {self.config.max_seq_len}"
+            )
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of logits (B, T, V) against targets (B, T), in fp32."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} do not match"
+        )
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,74 @@
+"""What a training job is: the parameters a user gives the `train` flow."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from tasks.training.models import MODELS, model_spec
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class TrainSpec(BaseModel):
+    """A training job. Defaults come from the model's recommended settings."""
+
+    job_id: str = Field(description="Names the job's checkpoints and control channel.")
+    model: str = Field(default="llama-tiny", description=f"One of: {', '.join(MODELS)}")
+    dataset: str | None = Field(default=None, description="pydoc-topics | digits; default: the model's")
+    steps: int = Field(default=200, ge=1, description="Optimizer steps in total (resume counts on).")
+    batch_size: int | None = Field(default=None, ge=1)
+    seq_len: int | None = Field(default=None, ge=2, description="Language models only.")
+    lr: float | None = Field(default=None, gt=0)
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
+    checkpoint_interval: int = Field(default=50, ge=1, description="Steps between checkpoints.")
+    keep_last: int = Field(default=3, ge=1)
+    seed: int = Field(default=0, ge=0)
+    eval_batches: int = Field(default=8, ge=1)
+    log_every: int = Field(default=10, ge=1)
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, value: str) -> str:
+        if not _JOB_ID.match(value):
+            raise ValueError(f"job_id {value!r}: use 1-128 letters, digits, '_', '.', '-'")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; known: {', '.join(MODELS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _dataset(self) -> TrainSpec:
+        spec = model_spec(self.model)
+        if self.dataset is None and spec.dataset is None:
+            raise ValueError(f"model {self.model!r} has no offline dataset; pass dataset=")
+        want = "lm" if (self.dataset or spec.dataset) == "pydoc-topics" else "image"
+        if want != spec.task:
+            raise ValueError(
+                f"dataset {self.dataset!r} does not fit model {self.model!r} (a {spec.task} model)"
+            )
+        return self
+
+    # Resolved settings: the spec's value, else the model's recommended one.
+    @property
+    def resolved_dataset(self) -> str:
+        return self.dataset or model_spec(self.model).dataset  # type: ignore[return-value]
+
+    @property
+    def resolved_batch_size(self) -> int:
+        return self.batch_size or model_spec(self.model).batch_size
+
+    @property
+    def resolved_seq_len(self) -> int | None:
+        spec = model_spec(self.model)
+        return (self.seq_len or spec.seq_len) if spec.task == "lm" else None
+
+    @property
+    def resolved_lr(self) -> float:
+        return self.lr or model_spec(self.model).lr
