@@ -78,11 +78,15 @@ def train(
             client.log_metric(run_id, key, float(value))
     client.log_text(run_id, json.dumps([s.to_dict() for s in result.switches], indent=2), "precision_switches.json")
     for s in result.switches:
-        logger.info("precision switch at step %d: %s -> %s (%s)", s.step, s.from_dtype, s.to_dtype, s.reason)
+        d = s.to_dict()
+        logger.info("precision switch at step %d: %s -> %s (%s)", d["step"], d["from"], d["to"], d["reason"])
     if log_model and not result.stopped_by_request:
         with mlflow.start_run(run_id=run_id):
             mlflow.pytorch.log_model(
                 trained_model(spec, storage.store()), name="model",
+                # pickle: the models are plain nn.Modules of this package; pt2 would need
+                # a traced example input per model family.
+                serialization_format="pickle",
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
             )
     client.set_terminated(run_id, "FINISHED")

@@ -27,8 +27,9 @@ Extensions (gpuflow's fleets are many nodes, mixed vendors):
 - ``device-filter`` may also name SKUs: full NVML names or the aliases of
   ``hardware.skus.SKU_ALIASES`` (case-insensitive).
 - ``nodes: [names]`` restricts an entry to some nodes (absent: every node).
-- ``vdcu-devices: [{compute-units: 20, memory-mb: 8192}, ...]`` for Hygon DCUs; Hygon MIG
-  goes through ``mig-devices`` like NVIDIA MIG.
+- ``vdcu-devices: [{compute-units: 20, memory-mb: 8192}, ...]`` for Hygon DCUs (such an
+  entry implies ``mig-enabled: true`` when it omits it); Hygon MIG goes through
+  ``mig-devices`` like NVIDIA MIG.
 
 Where we are stricter than mig-parted: an entry that names devices explicitly (a
 ``device-filter`` or a list of indexes) and asks a device for something it cannot do (MIG
@@ -267,7 +268,9 @@ def _parse_entry(raw: Any, config: str, i: int) -> PlanEntry:
             raise _fmt(
                 f"unexpected field {k!r} (allowed: {', '.join(_ENTRY_KEYS)})", config, i, str(k)
             )
-    for k in ("devices", "mig-enabled"):
+    # mig-parted requires mig-enabled; an entry with vdcu-devices (our extension) implies it.
+    required = ("devices",) if "vdcu-devices" in raw else ("devices", "mig-enabled")
+    for k in required:
         if k not in raw:
             raise _fmt("missing required field", config, i, k)
 
@@ -306,7 +309,7 @@ def _parse_entry(raw: Any, config: str, i: int) -> PlanEntry:
             "devices",
         )
 
-    enabled = raw["mig-enabled"]
+    enabled = raw.get("mig-enabled", True)
     if not isinstance(enabled, bool):
         raise _fmt(f"must be true or false, got {enabled!r}", config, i, "mig-enabled")
 
@@ -702,6 +705,14 @@ class DeviceChange:
     changed: bool
     before: DeviceLayout
     after: DeviceLayout
+
+    @property
+    def before_summary(self) -> str:
+        return self.before.describe()
+
+    @property
+    def after_summary(self) -> str:
+        return self.after.describe()
 
     def to_dict(self) -> dict[str, Any]:
         return {

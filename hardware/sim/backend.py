@@ -119,11 +119,17 @@ class SimBackend(Backend):
 
     def reset(self, spec_path: Path | None = None) -> None:
         """Re-create the twin from ``spec_path`` (None: the packaged default fleet)."""
-        spec = load_cluster_spec(Path(spec_path) if spec_path is not None else None)
-        with self._store.locked():
-            self._store.write(fleet.new_state(spec))
+        self.reset_state(spec_path, self.home)
         self._spec_path = Path(spec_path) if spec_path is not None else None
         self._xid_cursor.clear()
+
+    @classmethod
+    def reset_state(cls, spec_path: Path | None = None, home: Path | None = None) -> None:
+        """Re-create the twin in ``home`` (GPUFLOW_HOME) without opening the old state."""
+        spec = load_cluster_spec(Path(spec_path) if spec_path is not None else None)
+        store = StateStore((Path(home) if home is not None else gpuflow_home()) / "twin")
+        with store.locked():
+            store.write(fleet.new_state(spec))
 
     def spec(self) -> ClusterSpec:
         """The cluster spec the twin was created from."""

@@ -25,6 +25,7 @@ import logging
 import random
 import re
 import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -106,6 +107,19 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+_HASH_POOL: ThreadPoolExecutor | None = None
+_HASH_POOL_LOCK = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """One small pool for the whole process (not one per manager: no thread leak)."""
+    global _HASH_POOL
+    with _HASH_POOL_LOCK:
+        if _HASH_POOL is None:
+            _HASH_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-hash")
+        return _HASH_POOL
+
+
 class _HashingWriter:
     """File-like sink for torch.save: hashes and counts every byte on its way out."""
 
@@ -181,10 +195,12 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.expected_model = expected_model
         self.weights_only = weights_only
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
 
     def __repr__(self) -> str:
-        return f"CheckpointManager(store={self.store!r}, job_id={self.job_id!r}, keep_last={self.keep_last})"
+        return (
+            f"CheckpointManager(store={self.store!r}, job_id={self.job_id!r}, "
+            f"keep_last={self.keep_last})"
+        )
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -242,7 +258,7 @@ class CheckpointManager:
                 torch_serialization_config.patch({"save.compute_crc32": False}),
                 self.store.open_write(self._key(checkpoint_id, file_name)) as handle,
             ):
-                writer = _HashingWriter(handle, self._pool)
+                writer = _HashingWriter(handle, _hash_pool())
                 torch.save(value, writer)
             files[name] = {
                 "file": file_name,
@@ -271,7 +287,18 @@ class CheckpointManager:
             for entry in replaced.get("files", {}).values():
                 if isinstance(entry, dict) and entry.get("file") not in keep:
                     self.store.delete(self._key(checkpoint_id, str(entry.get("file"))))
-        self.prune()
+        self.prune(protect=checkpoint_id)
+        newer = [
+            cid for cid, done in self._checkpoint_ids().items() if done and _step_of(cid) > step
+        ]
+        if newer:
+            log.warning(
+                "job %s saved %s but holds newer checkpoints %s (an earlier timeline?); "
+                "latest() prefers the newest that verifies",
+                self.job_id,
+                checkpoint_id,
+                newer,
+            )
         return checkpoint_id
 
     def _refuse_other_model(self, fingerprint: str | None) -> None:
@@ -289,11 +316,12 @@ class CheckpointManager:
                 "Use another job_id or delete the old checkpoints."
             )
 
-    def prune(self) -> list[str]:
+    def prune(self, protect: str | None = None) -> list[str]:
         """Keep the newest ``keep_last`` committed checkpoints; return the ids removed.
 
         Uncommitted folders (a crashed save) older than the newest committed checkpoint are
-        removed too; a newer one may be a save in progress and is left alone.
+        removed too; a newer one may be a save in progress and is left alone. ``protect``
+        (the checkpoint just saved) is never removed, even when newer ones exist.
         """
         ids = self._checkpoint_ids()
         committed = [cid for cid, done in ids.items() if done]
@@ -301,6 +329,7 @@ class CheckpointManager:
         if committed:
             newest_step = _step_of(committed[-1])
             doomed += [cid for cid, done in ids.items() if not done and _step_of(cid) < newest_step]
+        doomed = [cid for cid in doomed if cid != protect]
         for cid in doomed:
             keys = self.store.list(f"{self.job_id}/{cid}/")
             manifest = self._key(cid, MANIFEST_NAME)
@@ -360,7 +389,8 @@ class CheckpointManager:
         manifest = self._read_manifest_or_none(checkpoint_id)
         if manifest is None:
             raise CheckpointNotFoundError(
-                f"job {self.job_id!r} has no committed checkpoint {checkpoint_id!r} in {self.store!r}"
+                f"job {self.job_id!r} has no committed checkpoint {checkpoint_id!r} "
+                f"in {self.store!r}"
             )
         return self._verified(checkpoint_id, manifest, expected_model, map_location)
 

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 LEASE_TTL_S = 300.0
 EXPERIMENT = "gpuflow-train"
 
+# Observers in this process that see every step of every job it trains (the CLI's Rich
+# progress bar). Flows run in the caller's process when called directly, so a CLI can
+# watch a flow it starts without the flow knowing about terminals.
+step_observers: list[Callable[[str, int, StepInfo], None]] = []
+
 
 def preflight(spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, device: DeviceRequest) -> dict:
     """Everything that can be refused is refused here, before a lease or a step.
@@ -76,6 +81,7 @@ def run_training(
         partition_uuid=res.resource_id if res.profile else None,
     )
     hooks: list[Callable[[StepInfo], None]] = list(extra_hooks)
+    hooks += [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in step_observers]
     metrics = StepMetricsLogger(run_id) if run_id else None
     if metrics:
         def log_metrics(info: StepInfo) -> None:

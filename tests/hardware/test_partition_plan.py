@@ -65,7 +65,7 @@ def make_backend(tmp_path: Path, nodes: dict[str, list[str]] | None = None) -> B
     }
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(spec))
-    return SimBackend(home=tmp_path, cluster=path)
+    return SimBackend(home=tmp_path, spec_path=path)
 
 
 @pytest.fixture
@@ -749,16 +749,28 @@ _ALL_PROFILES = sorted(
     {p.name for s in ("a100-40gb", "a100-80gb", "h200") for p in sku(s).mig_profiles}
 )
 
-_mig_entry = st.fixed_dictionaries(
-    {
-        "device-filter": st.sampled_from(sorted(SKU_ALIASES)),
-        "devices": st.just("all"),
-        "mig-enabled": st.just(True),
-        "mig-devices": st.dictionaries(
-            st.sampled_from(_ALL_PROFILES), st.integers(0, 8), max_size=4
-        ),
-    }
-)
+
+def _mig_entry_for(alias: str) -> st.SearchStrategy[dict]:
+    # Mostly the SKU's own profiles and small counts (layouts that may fit); sometimes any
+    # profile (unknown on this SKU) or big counts (over a limit).
+    own = [p.name for p in sku(alias).mig_profiles] or _ALL_PROFILES
+    names = st.one_of(*[st.sampled_from(own)] * 4, st.sampled_from(_ALL_PROFILES))
+    counts = st.one_of(*[st.integers(1, 2)] * 4, st.integers(0, 8))
+    return st.fixed_dictionaries(
+        {
+            "device-filter": st.just(alias),
+            "devices": st.just("all"),
+            "mig-enabled": st.just(True),
+            "mig-devices": st.dictionaries(names, counts, min_size=1, max_size=3),
+        }
+    )
+
+
+_MIG_ALIASES = ["a100-40gb", "a100-80gb", "h100", "h200"]
+_mig_entry = st.one_of(
+    *[st.sampled_from(_MIG_ALIASES)] * 4, st.sampled_from(sorted(SKU_ALIASES))
+).flatmap(_mig_entry_for)
+
 _vdcu_entry = st.fixed_dictionaries(
     {
         "device-filter": st.sampled_from(["dcu-z100", "a100-40gb"]),
@@ -780,7 +792,7 @@ _off_entry = st.fixed_dictionaries(
     }
 )
 _plans = st.lists(
-    st.one_of(_mig_entry, _mig_entry, _vdcu_entry, _off_entry), min_size=1, max_size=3
+    st.one_of(_mig_entry, _mig_entry, _vdcu_entry, _off_entry), min_size=1, max_size=2
 )
 
 

@@ -96,6 +96,8 @@ def test_a_different_spec_needs_a_reset(quiet: SimBackend, write_spec: Callable[
     assert quiet.telemetry("h0", 0).present  # the old instance follows the new state
     twin.reset()
     assert len(SimBackend().devices()) == 18
+    SimBackend.reset_state(spec_path=other_spec)  # what `gpuflow sim reset --spec` calls
+    assert len(twin.devices()) == 1
 
 
 def test_concurrent_writers_lose_no_update(quiet: SimBackend) -> None:
@@ -135,7 +137,9 @@ def test_discovery_matches_the_spec(twin: SimBackend) -> None:
     assert [d.uuid for d in other.devices()] == [d.uuid for d in devs]
 
 
-def test_a_corrupt_state_says_reset_and_reset_recovers(gpuflow_home: Path, twin: SimBackend) -> None:
+def test_a_corrupt_state_says_reset_and_reset_recovers(
+    gpuflow_home: Path, twin: SimBackend
+) -> None:
     (gpuflow_home / "twin" / "state.json").write_text("{not json", encoding="utf-8")
     broken = SimBackend()
     with pytest.raises(HardwareError, match="reset"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -11,32 +10,6 @@ from collections.abc import Iterator
 import pytest
 
 REGION = "us-east-1"
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A moto S3 (and IAM) server on 127.0.0.1 with a free port; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
-
-    empty = tmp_path_factory.mktemp("aws-config") / "none"
-    with pytest.MonkeyPatch.context() as env:
-        # Dummy credentials, and nothing from the developer's own AWS setup.
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.setenv("AWS_DEFAULT_REGION", REGION)
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        env.setenv("AWS_CONFIG_FILE", str(empty))
-        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            env.delenv(name, raising=False)
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
 
 
 @pytest.fixture

@@ -312,11 +312,22 @@ def test_resave_same_step_replaces_files(store: LocalStorage) -> None:
 
 def test_steps_sort_numerically_beyond_nine_digits(store: LocalStorage) -> None:
     manager = CheckpointManager(store, "job", keep_last=2)
-    manager.save({"s": {"p": 1}}, 999_999_999, {})
-    manager.save({"s": {"p": 2}}, 1_000_000_000, {})
-    manager.save({"s": {"p": 3}}, 5, {})
+    manager.save({"s": {"p": 1}}, 8, {})
+    manager.save({"s": {"p": 2}}, 999_999_999, {})
+    manager.save({"s": {"p": 3}}, 1_000_000_000, {})
     assert [i.step for i in manager.list()] == [999_999_999, 1_000_000_000]
-    assert manager.latest().state["s"] == {"p": 2}
+    assert manager.latest().state["s"] == {"p": 3}
+
+
+def test_saving_behind_newer_checkpoints_keeps_it_and_warns(store: LocalStorage, caplog) -> None:
+    manager = CheckpointManager(store, "job", keep_last=2)
+    save_steps(manager, [100, 200])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        manager.save({"s": {"p": 1}}, 150, {})
+    assert "holds newer checkpoints ['step-000000200']" in caplog.text
+    assert [i.step for i in manager.list()] == [150, 200]  # just saved: never pruned at once
+    manager.save({"s": {"p": 2}}, 151, {})
+    assert [i.step for i in manager.list()] == [151, 200]
 
 
 # -- model identity -------------------------------------------------------------------------

@@ -1,0 +1,15 @@
+"""Flows run against a real (temporary, local) Prefect server, started once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,0 +1,132 @@
+"""The `train` and `compare_precision` flows on the twin, with local and S3 checkpoints."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+from pydantic import SecretStr
+
+from blocks.checkpoint_storage import CheckpointStorage
+from flows.compare_precision import compare_precision
+from flows.train import train
+from hardware.inventory import Inventory
+from tasks.training import job
+from tasks.training.binding import DeviceRequest
+from tasks.training.checkpoint import CheckpointManager, ModelMismatchError
+from tasks.training.precision import PrecisionError
+from tasks.training.spec import TrainSpec
+from tasks.tracking import tracking_uri
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(job_id: str, **kw) -> TrainSpec:
+    return TrainSpec(job_id=job_id, model="llama-tiny", steps=kw.pop("steps", 30),
+                     checkpoint_interval=kw.pop("checkpoint_interval", 10), **kw)
+
+
+def _run(run_id: str):
+    return mlflow.MlflowClient(tracking_uri()).get_run(run_id)
+
+
+def test_train_records_run_and_releases_lease(tmp_path) -> None:
+    storage = CheckpointStorage(path=str(tmp_path / "ckpt"))
+    out = train(_spec("flow-local"), device=DeviceRequest(sku="a100-40gb"), storage=storage)
+    assert out["steps_done"] == 30 and out["eval_loss"] > 0
+    run = _run(out["run_id"])
+    assert run.data.params["model"] == "llama-tiny"
+    assert run.data.tags["gpuflow.sku"] == "NVIDIA A100-SXM4-40GB"
+    assert run.data.tags["gpuflow.node"].startswith("a100-")
+    history = mlflow.MlflowClient(tracking_uri()).get_metric_history(out["run_id"], "loss")
+    assert [m.step for m in history] == list(range(1, 31))
+    models = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert any(m.source_run_id == out["run_id"] for m in models)
+    inventory = Inventory()
+    assert inventory.leases(owner="flow-local") == []
+    assert inventory.job("flow-local").state == "finished"
+    ids = [c.checkpoint_id for c in CheckpointManager(storage.store(), "flow-local").list()]
+    assert ids[-1] == "step-000000030"
+
+
+def test_task_retry_resumes_from_checkpoint_not_zero(tmp_path) -> None:
+    failures = []
+
+    def crash_once(job_id: str, total: int, info) -> None:
+        if info.step == 25 and not failures:
+            failures.append(info.step)
+            raise RuntimeError("simulated crash at step 25")
+
+    job.step_observers.append(crash_once)
+    try:
+        out = train(_spec("flow-retry"), storage=CheckpointStorage(path=str(tmp_path)), log_model=False)
+    finally:
+        job.step_observers.remove(crash_once)
+    assert failures == [25]
+    assert out["resumed_from_step"] == 20  # the retry picked up the step-20 checkpoint
+    assert out["steps_done"] == 30
+
+
+def test_lease_released_when_training_fails(tmp_path, monkeypatch) -> None:
+    def boom(*args, **kwargs):
+        raise RuntimeError("device exploded")
+
+    monkeypatch.setattr(job, "train_loop", boom)
+    monkeypatch.setattr(job.train_loop_task, "retries", 0)
+    with pytest.raises(RuntimeError, match="device exploded"):
+        train(_spec("flow-fail"), storage=CheckpointStorage(path=str(tmp_path)), log_model=False)
+    assert Inventory().leases(owner="flow-fail") == []
+
+
+def test_refusals_come_before_any_lease(tmp_path) -> None:
+    storage = CheckpointStorage(path=str(tmp_path))
+    with pytest.raises(PrecisionError, match="bf16"):
+        train(_spec("flow-v100", precision="bf16"), device=DeviceRequest(sku="v100"), storage=storage)
+    assert Inventory().leases() == []
+    # A checkpoint of another model under the same job id: refused, nothing overwritten.
+    train(_spec("flow-mix", steps=10), storage=storage, log_model=False)
+    before = CheckpointManager(storage.store(), "flow-mix").list()
+    other = TrainSpec(job_id="flow-mix", model="byte-lm", steps=10)
+    with pytest.raises(ModelMismatchError):
+        train(other, storage=storage, log_model=False)
+    assert CheckpointManager(storage.store(), "flow-mix").list() == before
+
+
+def test_train_with_s3_checkpoints(s3_server: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket="gpuflow-ckpt")
+    storage = CheckpointStorage(
+        kind="s3", bucket="gpuflow-ckpt", prefix="jobs", endpoint_url=s3_server,
+        region_name="us-east-1", access_key_id="testing", secret_access_key=SecretStr("testing"),
+    )
+    out = train(_spec("flow-s3"), storage=storage, log_model=False)
+    assert out["checkpoints"][-1] == "step-000000030"
+    keys = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").list_objects_v2(
+        Bucket="gpuflow-ckpt", Prefix="jobs/")["Contents"]
+    assert any("flow-s3/step-000000030/" in k["Key"] for k in keys)
+
+
+def test_train_refuses_missing_bucket(s3_server: str) -> None:
+    storage = CheckpointStorage(kind="s3", bucket="no-such-bucket", endpoint_url=s3_server,
+                                region_name="us-east-1")
+    with pytest.raises(Exception, match="no-such-bucket"):
+        train(_spec("flow-nobucket"), storage=storage)
+    assert Inventory().leases() == []
+
+
+def test_compare_precision_puts_speedup_and_delta_on_parent(tmp_path) -> None:
+    out = compare_precision(
+        _spec("cmp", steps=20, checkpoint_interval=20), candidates=["auto", "bf16"],
+        storage=CheckpointStorage(path=str(tmp_path)),
+    )
+    client = mlflow.MlflowClient(tracking_uri())
+    parent = client.get_run(out["parent_run_id"])
+    for policy in ("auto", "bf16"):
+        assert parent.data.metrics[f"speedup_{policy}"] > 0
+        assert parent.data.metrics[f"convergence_delta_{policy}"] >= 0
+        assert parent.data.tags[f"gpuflow.verdict_{policy}"] in ("pass", "fail")
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
+    assert sorted(c.data.tags["gpuflow.precision_policy"] for c in children) == ["auto", "bf16", "fp32"]
+    assert all("speedup" in c.data.metrics and "convergence_delta" in c.data.metrics for c in children)
