@@ -30,7 +30,8 @@ app.add_typer(hw_app, name="hw")
 hw_app.add_typer(partition_app, name="partition")
 app.add_typer(sim_app, name="sim")
 
-console = Console()
+# Piped output (CI logs, `| less`) gets a table wide enough for nvidia-smi-like rows.
+console = Console(width=None if Console().is_terminal else 160)
 err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -449,6 +450,47 @@ def comparison_table(rows: list[dict[str, Any]]) -> Table:
             f"{100 * r['convergence_delta']:.3f} %", str(r["switches"]), f"[{colour}]{r['verdict']}[/]",
         )
     return table
+
+
+# --- benchmarks ---------------------------------------------------------------------------
+
+BENCHMARKS = ("train",)
+
+
+@app.command("bench")
+@_clean_errors
+def bench_cmd(
+    name: Annotated[str, typer.Argument(help=f"Benchmark: {', '.join(BENCHMARKS)}")],
+    quick: Annotated[bool, typer.Option(help="A smoke run with tiny sizes (figures mean little).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw result as JSON.")] = False,
+) -> None:
+    """Run a benchmark; ratios are measured side by side in one run, saved under GPUFLOW_HOME/bench."""
+    import time as _time
+
+    from hardware.home import gpuflow_home
+
+    if name not in BENCHMARKS:
+        raise InvalidRequestError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    from gpuflow.bench import train_bench
+
+    with console.status(f"bench {name}") as status:
+        result = train_bench.run(quick=quick, report=lambda msg: status.update(f"bench {name}: {msg}"))
+    out = gpuflow_home() / "bench" / f"{name}-{_time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+        return
+    for section, values in result.items():
+        if not isinstance(values, dict):
+            continue
+        table = Table(title=section)
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        for key, value in values.items():
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        console.print(table)
+    console.print(f"saved {out}")
 
 
 # --- demo -------------------------------------------------------------------------------

@@ -446,12 +446,6 @@ def _req_key(r: PartitionRequest) -> tuple[Any, ...]:
     return ("mig", r.profile)
 
 
-def _req_str(r: PartitionRequest) -> str:
-    if r.profile == "vdcu":
-        return f"vdcu({r.compute_units}cu,{r.memory_mb}MiB)"
-    return r.profile if r.placement_start is None else f"{r.profile}@{r.placement_start}"
-
-
 @dataclass(frozen=True)
 class DeviceLayout:
     """One device's partition layout: MIG mode and its partitions (MIG with placements)."""
@@ -489,9 +483,26 @@ class DeviceLayout:
         ) == Counter(map(_req_key, other.partitions))
 
     def describe(self) -> str:
+        """Short and free of square brackets (Rich reads those as markup): 'off',
+        'on (no partitions)', 'on: 3g.20gb@4, 2g.10gb@0, 2x 1g.5gb@2,3', 'on: 2x vdcu 20cu/8192MiB'.
+        """
         if not self.mig_enabled:
-            return "partitioning disabled"
-        return "enabled: [" + ", ".join(_req_str(r) for r in self.partitions) + "]"
+            return "off"
+        if not self.partitions:
+            return "on (no partitions)"
+        groups: dict[str, list[str]] = {}
+        for r in self.partitions:
+            if r.profile == "vdcu":
+                groups.setdefault(f"vdcu {r.compute_units}cu/{r.memory_mb}MiB", []).append("")
+            else:
+                start = "" if r.placement_start is None else str(r.placement_start)
+                groups.setdefault(r.profile, []).append(start)
+        parts = []
+        for name, starts in groups.items():
+            where = ",".join(s for s in starts if s)
+            text = f"{name}@{where}" if where else name
+            parts.append(text if len(starts) == 1 else f"{len(starts)}x {text}")
+        return "on: " + ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -753,7 +764,7 @@ def _set_layout(
         step[0] = f"{'enabling' if want.mig_enabled else 'disabling'} partitioning (MIG mode)"
         backend.set_partition_mode(dev.node, dev.index, want.mig_enabled)
     if want.partitions:
-        step[0] = "creating [" + ", ".join(_req_str(r) for r in want.partitions) + "]"
+        step[0] = "creating " + want.describe().removeprefix("on: ")
         backend.create_partitions(dev.node, dev.index, list(want.partitions))
 
 

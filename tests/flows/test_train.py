@@ -10,12 +10,12 @@ from blocks.checkpoint_storage import CheckpointStorage
 from flows.compare_precision import compare_precision
 from flows.train import train
 from hardware.inventory import Inventory
+from tasks.tracking import tracking_uri
 from tasks.training import job
 from tasks.training.binding import DeviceRequest
 from tasks.training.checkpoint import CheckpointManager, ModelMismatchError
 from tasks.training.precision import PrecisionError
 from tasks.training.spec import TrainSpec
-from tasks.tracking import tracking_uri
 
 pytestmark = pytest.mark.integration
 

@@ -218,6 +218,32 @@ def test_unquoted_pci_id_is_taken_back_as_an_id() -> None:
     assert plan.configs["c"][0].device_filter == ("0x20B010DE",)
 
 
+def test_a_vdcu_entry_implies_mig_enabled() -> None:
+    plan = load_plan(
+        "version: v1\nmig-configs:\n  c:\n"
+        "    - {devices: all, vdcu-devices: [{compute-units: 5, memory-mb: 1024}]}\n"
+    )
+    (e,) = plan.configs["c"]
+    assert e.mig_enabled and len(e.vdcu_devices) == 1
+
+
+def test_layouts_describe_themselves_briefly() -> None:
+    def lay(enabled: bool, *reqs: PartitionRequest) -> DeviceLayout:
+        return DeviceLayout("n", 0, "s", enabled, reqs)
+
+    assert lay(False).describe() == "off"
+    assert lay(True).describe() == "on (no partitions)"
+    mig = lay(
+        True,
+        PartitionRequest("3g.20gb", placement_start=4),
+        PartitionRequest("1g.5gb", placement_start=2),
+        PartitionRequest("1g.5gb", placement_start=3),
+    )
+    assert mig.describe() == "on: 3g.20gb@4, 2x 1g.5gb@2,3"
+    vdcu = lay(True, *[PartitionRequest("vdcu", compute_units=20, memory_mb=8192)] * 2)
+    assert vdcu.describe() == "on: 2x vdcu 20cu/8192MiB"
+
+
 _E = "{devices: all, mig-enabled: true, mig-devices: {}}"
 
 
@@ -704,7 +730,7 @@ def test_a_failed_create_rolls_every_changed_device_back(
         apply_plan(proxy, load_plan(EXAMPLES / "mixed-vdcu.yaml"))
     err = ei.value
     assert "injected: create failed" in str(err) and "rolled back" in str(err)
-    assert "while creating [" in str(err) and err.device in str(err)
+    assert "while creating " in str(err) and err.device in str(err)
     assert err.rollback_failures == {}
     assert err.device.split(" ")[0] in err.rolled_back
     assert exact_state(backend) == before  # same modes, profiles and placements
