@@ -1,5 +1,6 @@
 """Prefect Blocks of gpuflow: `prefect block register -m blocks` registers them all."""
 
+from blocks.checkpoint_storage import CheckpointStorage
 from blocks.gpu_cluster import GpuCluster
 
-__all__ = ["GpuCluster"]
+__all__ = ["CheckpointStorage", "GpuCluster"]

@@ -32,7 +32,7 @@ app.add_typer(sim_app, name="sim")
 
 # Piped output (CI logs, `| less`) gets a table wide enough for nvidia-smi-like rows.
 console = Console(width=None if Console().is_terminal else 160)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # errors stay one greppable line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -384,10 +384,9 @@ def train_cmd(
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
     from flows.train import train
     from tasks.training.binding import DeviceRequest
-    from tasks.training.job import new_job_id
 
     spec = _train_spec(
-        job_id=job_id or new_job_id(model), model=model, steps=steps, precision=precision,
+        job_id=job_id, model=model, steps=steps, precision=precision,
         batch_size=batch_size, checkpoint_interval=checkpoint_interval, seed=seed,
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
@@ -423,10 +422,9 @@ def compare_precision_cmd(
     """Train the same job under fp32 and candidate policies; speedup and convergence delta."""
     from flows.compare_precision import compare_precision
     from tasks.training.binding import DeviceRequest
-    from tasks.training.job import new_job_id
 
     spec = _train_spec(
-        job_id=job_id or new_job_id(model), model=model, steps=steps, seed=seed,
+        job_id=job_id, model=model, steps=steps, seed=seed,
         checkpoint_interval=max(steps, 1),
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
@@ -454,7 +452,9 @@ def comparison_table(rows: list[dict[str, Any]]) -> Table:
 
 # --- benchmarks ---------------------------------------------------------------------------
 
-BENCHMARKS = ("train",)
+# Each benchmark is a module gpuflow/bench/<name>_bench.py with
+# run(quick: bool, report: Callable[[str], None]) -> dict (JSON-ready, nested one level).
+BENCHMARKS = ("train", "scheduler", "downtime", "edge", "health")
 
 
 @app.command("bench")
@@ -465,16 +465,19 @@ def bench_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw result as JSON.")] = False,
 ) -> None:
     """Run a benchmark; ratios are measured side by side in one run, saved under GPUFLOW_HOME/bench."""
+    import importlib
     import time as _time
 
     from hardware.home import gpuflow_home
 
     if name not in BENCHMARKS:
         raise InvalidRequestError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    from gpuflow.bench import train_bench
-
+    try:
+        module = importlib.import_module(f"gpuflow.bench.{name}_bench")
+    except ModuleNotFoundError:
+        raise InvalidRequestError(f"benchmark {name!r} is not built yet") from None
     with console.status(f"bench {name}") as status:
-        result = train_bench.run(quick=quick, report=lambda msg: status.update(f"bench {name}: {msg}"))
+        result = module.run(quick=quick, report=lambda msg: status.update(f"bench {name}: {msg}"))
     out = gpuflow_home() / "bench" / f"{name}-{_time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))

@@ -78,10 +78,24 @@ def run_demo(console: Console) -> dict[str, Any]:
                 results["refused"] = "NOT refused"
             results["unchanged"] = export_layout(twin) == before
 
+        def compare() -> None:
+            from blocks.checkpoint_storage import CheckpointStorage
+            from flows.compare_precision import compare_precision
+            from tasks.training.binding import DeviceRequest
+            from tasks.training.spec import TrainSpec
+
+            # The byte-level LM of DESIGN.md section 5, kept short for the tour.
+            spec = TrainSpec(job_id="tour-compare", model="byte-lm", steps=40, checkpoint_interval=40)
+            results["compare"] = compare_precision(
+                spec, candidates=["auto"], device=DeviceRequest(sku="a100-40gb"),
+                storage=CheckpointStorage(),
+            )
+
         steps = [
             ("discover the fleet", discover),
             ("apply partition plan 'tour'", partition),
             ("refuse an impossible plan", refuse_impossible),
+            ("compare precision: fp32 vs auto (train flow x2, MLflow)", compare),
         ]
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -102,12 +116,19 @@ def run_demo(console: Console) -> dict[str, Any]:
         console.print(fleet_table(fleet_rows(twin), title="partitioned layout"))
         console.print(f"[red]impossible plan refused:[/red] {results['refused']}")
         console.print(f"layout unchanged after the refusal: {results['unchanged']}")
+        from gpuflow.cli import comparison_table
+
+        auto = results["compare"]["rows"][0]
+        console.print(comparison_table(results["compare"]["rows"]))
         summary.update(
             devices=len(rows),
             skus=len(skus),
             partitioned_devices=len(changed),
             impossible_refused=results["refused"] != "NOT refused",
             layout_unchanged=results["unchanged"],
+            speedup_auto=round(auto["speedup"], 2),
+            convergence_delta_auto=f"{100 * auto['convergence_delta']:.3f} %",
+            mlflow_parent_run=results["compare"]["parent_run_id"],
             seconds=round(time.perf_counter() - started, 1),
         )
         console.print(Panel.fit(

@@ -6,7 +6,6 @@ Plain functions first (tests call them without Prefect), task wrappers at the bo
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -129,10 +128,6 @@ def progress_hook(total_steps: int, every: int = 10) -> Callable[[StepInfo], Non
             update_progress_artifact(artifact_id, 100.0 * info.step / total_steps)
 
     return hook
-
-
-def new_job_id(model: str) -> str:
-    return f"{model}-{uuid.uuid4().hex[:8]}"
 
 
 def result_metrics(result: TrainResult) -> dict[str, Any]:

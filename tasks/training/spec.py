@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -15,7 +16,11 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 class TrainSpec(BaseModel):
     """A training job. Defaults come from the model's recommended settings."""
 
-    job_id: str = Field(description="Names the job's checkpoints and control channel.")
+    job_id: str | None = Field(
+        default=None,
+        description="Names the job's checkpoints and control channel; empty: <model>-<random>. "
+        "Reuse an id to resume that job from its latest checkpoint.",
+    )
     model: str = Field(default="llama-tiny", description=f"One of: {', '.join(MODELS)}")
     dataset: str | None = Field(default=None, description="pydoc-topics | digits; default: the model's")
     steps: int = Field(default=200, ge=1, description="Optimizer steps in total (resume counts on).")
@@ -31,8 +36,8 @@ class TrainSpec(BaseModel):
 
     @field_validator("job_id")
     @classmethod
-    def _job_id(cls, value: str) -> str:
-        if not _JOB_ID.match(value):
+    def _job_id(cls, value: str | None) -> str | None:
+        if value is not None and not _JOB_ID.match(value):
             raise ValueError(f"job_id {value!r}: use 1-128 letters, digits, '_', '.', '-'")
         return value
 
@@ -45,6 +50,8 @@ class TrainSpec(BaseModel):
 
     @model_validator(mode="after")
     def _dataset(self) -> TrainSpec:
+        if self.job_id is None:
+            self.job_id = f"{self.model}-{uuid.uuid4().hex[:8]}"
         spec = model_spec(self.model)
         if self.dataset is None and spec.dataset is None:
             raise ValueError(f"model {self.model!r} has no offline dataset; pass dataset=")

@@ -43,7 +43,7 @@ class DeviceUtilization:
         owner: str,
         partition_uuid: str | None = None,
         memory_mb: int = 0,
-        min_interval_s: float = 1.0,
+        min_interval_s: float = 0.5,
     ) -> None:
         self.backend, self.node, self.index = backend, node, index
         self.owner, self.partition_uuid, self.memory_mb = owner, partition_uuid, memory_mb

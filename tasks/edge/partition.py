@@ -1,0 +1,254 @@
+"""Split a chain of segments into k shards that minimise the slowest shard.
+
+Cost model (PipeEdge-style, DESIGN.md section 8). Shard j runs on node j of the chain:
+
+    stage_ms(j) = compute_ms(segments of j) / speed(j)
+                  + bytes(output boundary of j) / link(j -> j+1)      (not for the last shard)
+
+where ``speed`` is a node's speed factor relative to the machine that was profiled (2.0 =
+twice as fast) and the link of a hop is the slower of the two nodes' links (MB/s, 1 MB =
+10**6 bytes; None = free). A node with ``memory_mb`` set cannot take a shard whose weights
+exceed it. In a pipeline the slowest stage bounds throughput, so the DP minimises
+``max_j stage_ms(j)`` over every choice of k-1 cut points; ``balance`` is that bottleneck
+over the ideal (the whole model's compute spread over the nodes' total speed, no links):
+1.0 is a perfect split.
+
+``equal_op_split`` is the naive baseline: k shards with about the same number of graph
+nodes each, snapped to the nearest cut points.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+class PartitionError(ValueError):
+    """The chain cannot be split as asked."""
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What the partitioner knows about one edge node of the chain."""
+
+    name: str
+    speed: float = 1.0
+    link_mb_s: float | None = None
+    memory_mb: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0 or not math.isfinite(self.speed):
+            raise PartitionError(f"node {self.name!r}: speed must be > 0, got {self.speed!r}")
+        if self.link_mb_s is not None and not self.link_mb_s > 0:
+            raise PartitionError(
+                f"node {self.name!r}: link_mb_s must be > 0 or None, got {self.link_mb_s!r}"
+            )
+        if self.memory_mb is not None and not self.memory_mb > 0:
+            raise PartitionError(
+                f"node {self.name!r}: memory_mb must be > 0 or None, got {self.memory_mb!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ChainCosts:
+    """Per-segment compute cost and weights, and the bytes crossing each boundary.
+
+    ``boundary_bytes`` has len(segment_ms) + 1 entries: the input, the m-1 cuts, the output.
+    """
+
+    segment_ms: list[float]
+    boundary_bytes: list[int]
+    weight_bytes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        m = len(self.segment_ms)
+        if m < 1:
+            raise PartitionError("a chain needs at least one segment")
+        if len(self.boundary_bytes) != m + 1:
+            raise PartitionError(
+                f"boundary_bytes needs {m + 1} entries for {m} segments, "
+                f"got {len(self.boundary_bytes)}"
+            )
+        if self.weight_bytes and len(self.weight_bytes) != m:
+            raise PartitionError(f"weight_bytes needs {m} entries, got {len(self.weight_bytes)}")
+        if any(c < 0 or not math.isfinite(c) for c in self.segment_ms):
+            raise PartitionError("segment costs must be finite and >= 0")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Segments [first, stop) of the chain on one node, and what that costs."""
+
+    index: int
+    node: str
+    first_segment: int
+    stop_segment: int
+    compute_ms: float
+    transfer_ms: float
+    weight_bytes: int
+
+    @property
+    def stage_ms(self) -> float:
+        return self.compute_ms + self.transfer_ms
+
+
+@dataclass(frozen=True)
+class Plan:
+    """k shards over the chain; ``cuts`` are the chosen boundaries (segment indices 1..m-1)."""
+
+    method: str
+    shards: list[Shard]
+    cuts: list[int]
+    ideal_ms: float
+
+    @property
+    def bottleneck_ms(self) -> float:
+        return max(s.stage_ms for s in self.shards)
+
+    @property
+    def balance(self) -> float:
+        """Slowest shard over the ideal (>= 1; 1.0 = perfect)."""
+        return self.bottleneck_ms / self.ideal_ms if self.ideal_ms > 0 else 1.0
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "cuts": list(self.cuts),
+            "ideal_ms": self.ideal_ms,
+            "bottleneck_ms": self.bottleneck_ms,
+            "balance": self.balance,
+            "shards": [asdict(s) | {"stage_ms": s.stage_ms} for s in self.shards],
+        }
+
+
+def _check(costs: ChainCosts, nodes: list[NodeCapacity]) -> None:
+    k = len(nodes)
+    m = len(costs.segment_ms)
+    if k < 1:
+        raise PartitionError("need at least one node (k >= 1)")
+    if k > m:
+        raise PartitionError(
+            f"k={k} shards need {k - 1} single-tensor cut points but the model has only "
+            f"{m - 1}; use k <= {m}"
+        )
+
+
+class _Cost:
+    """stage_ms of segments [a, b) on node j, from prefix sums."""
+
+    def __init__(self, costs: ChainCosts, nodes: list[NodeCapacity], batch: int) -> None:
+        self.costs = costs
+        self.nodes = nodes
+        self.batch = batch
+        self.prefix = [0.0]
+        for c in costs.segment_ms:
+            self.prefix.append(self.prefix[-1] + c)
+        weights = costs.weight_bytes or [0] * len(costs.segment_ms)
+        self.wprefix = [0]
+        for w in weights:
+            self.wprefix.append(self.wprefix[-1] + w)
+
+    def compute(self, a: int, b: int, j: int) -> float:
+        return (self.prefix[b] - self.prefix[a]) / self.nodes[j].speed
+
+    def transfer(self, b: int, j: int) -> float:
+        if j == len(self.nodes) - 1:
+            return 0.0
+        links = [x for x in (self.nodes[j].link_mb_s, self.nodes[j + 1].link_mb_s) if x]
+        if not links:
+            return 0.0
+        return self.costs.boundary_bytes[b] * self.batch / (min(links) * 1e6) * 1000.0
+
+    def weights(self, a: int, b: int) -> int:
+        return self.wprefix[b] - self.wprefix[a]
+
+    def stage(self, a: int, b: int, j: int) -> float:
+        memory = self.nodes[j].memory_mb
+        if memory is not None and self.weights(a, b) > memory * 1e6:
+            return math.inf
+        return self.compute(a, b, j) + self.transfer(b, j)
+
+    def shards(self, bounds: list[int], method: str) -> Plan:
+        shards = [
+            Shard(
+                index=j,
+                node=self.nodes[j].name,
+                first_segment=a,
+                stop_segment=b,
+                compute_ms=self.compute(a, b, j),
+                transfer_ms=self.transfer(b, j),
+                weight_bytes=self.weights(a, b),
+            )
+            for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+        ]
+        ideal = self.prefix[-1] / sum(n.speed for n in self.nodes)
+        return Plan(method=method, shards=shards, cuts=bounds[1:-1], ideal_ms=ideal)
+
+
+def optimal_split(costs: ChainCosts, nodes: list[NodeCapacity], *, batch: int = 1) -> Plan:
+    """The k-shard split (k = len(nodes)) with the smallest slowest stage: DP, O(k m^2)."""
+    _check(costs, nodes)
+    model = _Cost(costs, nodes, batch)
+    k, m = len(nodes), len(costs.segment_ms)
+    inf = math.inf
+    # best[j][e]: smallest bottleneck of segments [0, e) on nodes 0..j-1, each non-empty.
+    best = [[inf] * (m + 1) for _ in range(k + 1)]
+    choice = [[-1] * (m + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for e in range(j, m - (k - j) + 1):
+            for s in range(j - 1, e):
+                if best[j - 1][s] == inf:
+                    continue
+                value = max(best[j - 1][s], model.stage(s, e, j - 1))
+                if value < best[j][e]:
+                    best[j][e], choice[j][e] = value, s
+    if best[k][m] == inf:
+        raise PartitionError(
+            f"no split of the model over {k} nodes fits their memory_mb limits "
+            f"(weights total {model.weights(0, m) / 1e6:.1f} MB)"
+        )
+    bounds = [m]
+    for j in range(k, 0, -1):
+        bounds.append(choice[j][bounds[-1]])
+    return model.shards(bounds[::-1], "dp")
+
+
+def equal_op_split(
+    costs: ChainCosts,
+    nodes: list[NodeCapacity],
+    segment_sizes: list[int],
+    *,
+    batch: int = 1,
+) -> Plan:
+    """k shards with about the same number of graph nodes each, snapped to cut points."""
+    _check(costs, nodes)
+    if len(segment_sizes) != len(costs.segment_ms):
+        raise PartitionError("segment_sizes needs one entry per segment")
+    k, m = len(nodes), len(segment_sizes)
+    total = sum(segment_sizes)
+    prefix = [0]
+    for size in segment_sizes:
+        prefix.append(prefix[-1] + size)
+    bounds = [0]
+    for j in range(1, k):
+        target = total * j / k
+        # Leave at least one segment for each shard still to come.
+        candidates = range(bounds[-1] + 1, m - (k - j) + 1)
+        bounds.append(min(candidates, key=lambda b: (abs(prefix[b] - target), b)))
+    bounds.append(m)
+    return _Cost(costs, nodes, batch).shards(bounds, "equal-ops")
+
+
+def evaluate_split(
+    costs: ChainCosts, nodes: list[NodeCapacity], cuts: list[int], *, batch: int = 1
+) -> Plan:
+    """The plan for given cut boundaries (segment indices), e.g. from a brute-force search."""
+    _check(costs, nodes)
+    m = len(costs.segment_ms)
+    bounds = [0, *cuts, m]
+    if len(cuts) != len(nodes) - 1 or any(
+        a >= b for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ):
+        raise PartitionError(f"cuts must be {len(nodes) - 1} increasing indices in 1..{m - 1}")
+    return _Cost(costs, nodes, batch).shards(bounds, "given")

@@ -1,0 +1,599 @@
+"""Serve one model shard over the Open Inference Protocol (KServe v2) gRPC API.
+
+    python -m tasks.edge.serving.server --shard-dir DIR --host 127.0.0.1 --port 8001 \
+        [--forward-to HOST:PORT --forward-model NEXT_MODEL | --no-forward]
+
+At start the shard's sha256 is checked against its manifest (a mismatch refuses to start:
+exit code 3, the reason on stderr), the ONNX file is loaded with onnxruntime and its inputs
+and outputs are checked against the manifest (exit code 2 on any other startup problem).
+Once serving, one line ``READY model=<name> address=<host>:<port> ...`` goes to stdout
+(``--port 0`` picks a free port; the line says which). SIGTERM or SIGINT stops it
+gracefully: readiness turns false, in-flight requests finish, then it exits 0.
+
+RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer of
+``inference.GRPCInferenceService``; tensors as raw contents (typed contents are accepted
+too). Status codes:
+
+- ModelInfer with anything malformed -- a model name or version this server does not serve,
+  an unknown, missing or repeated input, a wrong datatype or shape, raw bytes that do not
+  match shape x datatype, an unknown requested output -- is INVALID_ARGUMENT, with a message
+  naming the problem. The request is malformed for this endpoint; the server keeps serving.
+  (KServe leaves the code to the server; Triton answers an unknown model with NOT_FOUND on
+  the metadata RPC, and we do the same there.)
+- ModelMetadata for an unknown model or version: NOT_FOUND. ModelReady for one: ready=false.
+- Forwarding mode: the next hop's own status code, details prefixed with the hop; an
+  unreachable next hop is UNAVAILABLE; outputs that cannot be handed to the next shard's
+  inputs (a chain wired wrong) FAILED_PRECONDITION.
+
+Forwarding mode (``--forward-to``, or the manifest's ``next_hop``): after computing, the
+server renames its outputs to the next shard's inputs (names from the next hop's
+ModelMetadata; see handoff.py), calls the next hop's ModelInfer within the caller's
+deadline and returns that response, so the caller of shard 0 gets the chain's final
+outputs. The caller's requested outputs name the final shard's outputs and are passed on.
+ServerReady/ModelReady are true only while the next hop is ready too, so the head's
+readiness covers the whole chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
+
+from tasks.edge.manifest import (
+    ManifestError,
+    ShardIntegrityError,
+    ShardManifest,
+    TensorSpec,
+    parse_hop,
+    verify_shard,
+)
+from tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, OipClient, OipError, channel_options
+from tasks.edge.serving.codec import (
+    TensorCodecError,
+    add_output,
+    build_infer_request,
+    decode_tensors,
+)
+from tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
+from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "gpuflow-shard"
+# Triton's platform string for ONNX models; OIP clients use it to tell runtimes apart.
+PLATFORM = "onnxruntime_onnx"
+READY_PREFIX = "READY "
+EXIT_STARTUP_ERROR = 2
+EXIT_INTEGRITY_ERROR = 3
+# How long readiness waits for a next hop's answer: readiness probes must stay cheap.
+_NEXT_HOP_PROBE_S = 2.0
+
+# onnxruntime's type strings for the datatypes a manifest can declare.
+_ORT_TO_KSERVE = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+}
+
+
+class InvalidRequestError(ValueError):
+    """A ModelInfer request this shard cannot run as sent (-> INVALID_ARGUMENT)."""
+
+
+def _server_version() -> str:
+    try:
+        return importlib_metadata.version("gpuflow")
+    except importlib_metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _check_against_session(
+    manifest: ShardManifest, what: str, specs: list[TensorSpec], args: Sequence[ort.NodeArg]
+) -> None:
+    """Refuse a manifest that disagrees with the ONNX file about names, dtypes or ranks."""
+    onnx_args = {a.name: a for a in args}
+    for spec in specs:
+        arg = onnx_args.get(spec.name)
+        if arg is None:
+            raise ManifestError(
+                f"shard {manifest.model_name}: manifest {what} {spec.name!r} is not a graph "
+                f"{what} of {manifest.onnx_file} (graph has {sorted(onnx_args)})"
+            )
+        onnx_dtype = _ORT_TO_KSERVE.get(arg.type, arg.type)
+        if onnx_dtype != spec.dtype:
+            raise ManifestError(
+                f"shard {manifest.model_name}: {what} {spec.name!r} is {spec.dtype} in the "
+                f"manifest but {onnx_dtype} in the ONNX file"
+            )
+        if arg.shape is not None and len(arg.shape) != len(spec.shape):
+            raise ManifestError(
+                f"shard {manifest.model_name}: {what} {spec.name!r} has rank {len(spec.shape)} "
+                f"in the manifest but {len(arg.shape)} in the ONNX file"
+            )
+
+
+class ShardModel:
+    """A verified shard loaded into onnxruntime, with the request checks of its manifest."""
+
+    def __init__(
+        self, shard_dir: str | Path, intra_op_threads: int = 0, providers: Sequence[str] = ()
+    ) -> None:
+        self.shard_dir = Path(shard_dir)
+        # verify_shard raises ShardIntegrityError before any byte of the model is parsed.
+        self.manifest = verify_shard(self.shard_dir)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(intra_op_threads)
+        options.log_severity_level = 3  # errors only: per-run warnings would flood the log
+        available = ort.get_available_providers()
+        chosen = [p for p in providers if p in available] or ["CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(
+                str(self.shard_dir / self.manifest.onnx_file), options, providers=chosen
+            )
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ManifestError(
+                f"shard {self.manifest.model_name}: onnxruntime cannot load "
+                f"{self.manifest.onnx_file}: {exc}"
+            ) from None
+        _check_against_session(
+            self.manifest, "input", self.manifest.inputs, self.session.get_inputs()
+        )
+        _check_against_session(
+            self.manifest, "output", self.manifest.outputs, self.session.get_outputs()
+        )
+        missing = {a.name for a in self.session.get_inputs()} - {
+            s.name for s in self.manifest.inputs
+        }
+        if missing:
+            raise ManifestError(
+                f"shard {self.manifest.model_name}: graph inputs {sorted(missing)} are missing "
+                "from the manifest"
+            )
+        self.inputs = {s.name: s for s in self.manifest.inputs}
+        self.outputs = {s.name: s for s in self.manifest.outputs}
+        self.providers = self.session.get_providers()
+
+    @property
+    def name(self) -> str:
+        return self.manifest.model_name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    def serves(self, name: str, version: str = "") -> bool:
+        return name == self.name and version in ("", self.version)
+
+    def _check_model(self, request: pb.ModelInferRequest) -> None:
+        if request.model_name != self.name:
+            raise InvalidRequestError(
+                f"model {request.model_name!r} is not served here; this server serves {self.name!r}"
+            )
+        if request.model_version not in ("", self.version):
+            have = repr(self.version) if self.version else "none (leave it empty)"
+            raise InvalidRequestError(
+                f"model {self.name!r} has no version {request.model_version!r}; version: {have}"
+            )
+
+    def decode_inputs(self, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+        """The request's input arrays, every check done first; InvalidRequestError naming
+        the first problem otherwise."""
+        self._check_model(request)
+        seen: set[str] = set()
+        for tensor in request.inputs:
+            spec = self.inputs.get(tensor.name)
+            if spec is None:
+                raise InvalidRequestError(
+                    f"model {self.name!r} has no input {tensor.name!r}; inputs: "
+                    f"{sorted(self.inputs)}"
+                )
+            if tensor.name in seen:
+                raise InvalidRequestError(f"input {tensor.name!r} is given twice")
+            seen.add(tensor.name)
+            if tensor.datatype != spec.dtype:
+                raise InvalidRequestError(
+                    f"input {tensor.name!r}: datatype {tensor.datatype!r} but model "
+                    f"{self.name!r} expects {spec.dtype}"
+                )
+            shape = list(tensor.shape)
+            if len(shape) != len(spec.shape) or any(
+                want not in (-1, got) or got < 0
+                for want, got in zip(spec.shape, shape, strict=True)
+            ):
+                raise InvalidRequestError(
+                    f"input {tensor.name!r}: shape {shape} does not match model {self.name!r}'s "
+                    f"{list(spec.shape)} (-1 = any size)"
+                )
+        missing = sorted(set(self.inputs) - seen)
+        if missing:
+            raise InvalidRequestError(f"model {self.name!r}: inputs {missing} are missing")
+        try:
+            return decode_tensors(request.inputs, request.raw_input_contents)
+        except TensorCodecError as exc:
+            raise InvalidRequestError(str(exc)) from None
+
+    def requested_outputs(self, request: pb.ModelInferRequest) -> list[str]:
+        names = [o.name for o in request.outputs]
+        unknown = sorted(set(names) - set(self.outputs))
+        if unknown:
+            raise InvalidRequestError(
+                f"model {self.name!r} has no outputs {unknown}; outputs: {sorted(self.outputs)}"
+            )
+        if len(set(names)) != len(names):
+            raise InvalidRequestError(f"requested outputs {names} repeat a name")
+        return names or list(self.outputs)
+
+    def run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Run the shard; onnxruntime's InferenceSession.run is safe from many threads."""
+        results = self.session.run(list(output_names), inputs)
+        return dict(zip(output_names, results, strict=True))
+
+
+class _NextHop:
+    """The forwarding target: a client plus the next shard's input names, fetched once."""
+
+    def __init__(self, address: str, model_name: str, max_message_mb: int, timeout_s: float):
+        self.address = address
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self.client = OipClient(address, timeout_s=timeout_s, max_message_mb=max_message_mb)
+        self._input_names: list[str] | None = None
+        self._lock = threading.Lock()
+
+    def input_names(self) -> list[str]:
+        with self._lock:
+            if self._input_names is None:
+                meta = self.client.model_metadata(self.model_name)
+                self._input_names = meta.input_names
+            return self._input_names
+
+    def ready(self) -> bool:
+        try:
+            request = pb.ModelReadyRequest(name=self.model_name)
+            return bool(self.client.stub.ModelReady(request, timeout=_NEXT_HOP_PROBE_S).ready)
+        except grpc.RpcError:
+            return False
+
+
+class ShardServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """GRPCInferenceService for one ShardModel, optionally forwarding to a next hop."""
+
+    def __init__(self, model: ShardModel, next_hop: _NextHop | None = None) -> None:
+        self.model = model
+        self.next_hop = next_hop
+        self.draining = False
+
+    def _ready(self) -> bool:
+        if self.draining:
+            return False
+        return self.next_hop is None or self.next_hop.ready()
+
+    def ServerLive(self, request, context):  # noqa: N802 (protocol method names)
+        return pb.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request, context):  # noqa: N802
+        return pb.ServerReadyResponse(ready=self._ready())
+
+    def ModelReady(self, request, context):  # noqa: N802
+        return pb.ModelReadyResponse(
+            ready=self.model.serves(request.name, request.version) and self._ready()
+        )
+
+    def ServerMetadata(self, request, context):  # noqa: N802
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=_server_version(), extensions=[])
+
+    def ModelMetadata(self, request, context):  # noqa: N802
+        if not self.model.serves(request.name, request.version):
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {request.name!r} version {request.version!r} is not served here; "
+                f"this server serves {self.model.name!r}",
+            )
+        response = pb.ModelMetadataResponse(
+            name=self.model.name,
+            versions=[self.model.version] if self.model.version else [],
+            platform=PLATFORM,
+        )
+        for spec in self.model.inputs.values():
+            response.inputs.add(name=spec.name, datatype=spec.dtype, shape=list(spec.shape))
+        for spec in self.model.outputs.values():
+            response.outputs.add(name=spec.name, datatype=spec.dtype, shape=list(spec.shape))
+        return response
+
+    def ModelInfer(self, request, context):  # noqa: N802
+        started = time.perf_counter()
+        # Each step returns (code, message) on failure; context.abort raises, so it is only
+        # called outside the try blocks.
+        try:
+            inputs = self.model.decode_inputs(request)
+            wanted = (
+                list(self.model.outputs)
+                if self.next_hop is not None
+                else self.model.requested_outputs(request)
+            )
+        except InvalidRequestError as exc:
+            log.info("rejected request %r: %s", request.id, exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        failure, outputs = self._run(inputs, wanted)
+        if failure:
+            context.abort(*failure)
+        if self.next_hop is not None:
+            failure, forwarded = self._forward(request, outputs, context)
+            if failure:
+                context.abort(*failure)
+            forwarded.id = request.id
+            log.debug("request %r forwarded in %.1f ms", request.id, _ms_since(started))
+            return forwarded
+        response = pb.ModelInferResponse(
+            model_name=self.model.name, model_version=self.model.version, id=request.id
+        )
+        for name, array in outputs.items():
+            add_output(response, name, array)
+        log.debug("request %r served in %.1f ms", request.id, _ms_since(started))
+        return response
+
+    def _run(
+        self, inputs: dict[str, np.ndarray], wanted: list[str]
+    ) -> tuple[tuple[grpc.StatusCode, str] | None, dict[str, np.ndarray]]:
+        try:
+            return None, self.model.run(inputs, wanted)
+        except OrtInvalidArgument as exc:
+            # e.g. a variable dimension the graph cannot take: still the caller's input.
+            return (grpc.StatusCode.INVALID_ARGUMENT, f"model {self.model.name!r}: {exc}"), {}
+        except Exception as exc:
+            log.exception("model %s failed", self.model.name)
+            return (grpc.StatusCode.INTERNAL, f"model {self.model.name!r} failed: {exc}"), {}
+
+    def _forward(
+        self, request: pb.ModelInferRequest, outputs: dict[str, np.ndarray], context
+    ) -> tuple[tuple[grpc.StatusCode, str] | None, pb.ModelInferResponse | None]:
+        hop = self.next_hop
+        assert hop is not None
+        remaining = context.time_remaining()
+        timeout_s = hop.timeout_s if remaining is None else min(remaining, hop.timeout_s)
+        if timeout_s <= 0:
+            return (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before forwarding"), None
+        try:
+            next_inputs = map_outputs_to_inputs(outputs, hop.input_names())
+            forward = build_infer_request(
+                hop.model_name,
+                next_inputs,
+                [o.name for o in request.outputs],
+                request_id=request.id,
+            )
+            return None, hop.client.infer_request(forward, timeout_s=timeout_s)
+        except OipError as exc:
+            return (
+                exc.code,
+                f"next hop {hop.address} (model {hop.model_name!r}): {exc.details}",
+            ), None
+        except HandoffError as exc:
+            return (grpc.StatusCode.FAILED_PRECONDITION, f"chain wired wrong: {exc}"), None
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1e3
+
+
+@dataclass
+class ShardServer:
+    """A running shard server; ``stop()`` (or leaving the ``with`` block) shuts it down."""
+
+    server: grpc.Server
+    servicer: ShardServicer
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{_bracket(self.host)}:{self.port}"
+
+    @property
+    def manifest(self) -> ShardManifest:
+        return self.servicer.model.manifest
+
+    @property
+    def forward_to(self) -> str | None:
+        return self.servicer.next_hop.address if self.servicer.next_hop else None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting work, let in-flight requests finish (up to grace_s), then close."""
+        self.servicer.draining = True
+        self.server.stop(grace_s).wait()
+        if self.servicer.next_hop is not None:
+            self.servicer.next_hop.client.close()
+
+    def __enter__(self) -> ShardServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(grace_s=1.0)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def start_shard_server(
+    shard_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    forward_to: str | None = None,
+    *,
+    forward_model: str | None = None,
+    max_workers: int = 4,
+    intra_op_threads: int = 0,
+    max_message_mb: int = DEFAULT_MAX_MESSAGE_MB,
+    forward_timeout_s: float = 60.0,
+    providers: Sequence[str] = (),
+) -> ShardServer:
+    """Verify and load the shard, then serve it; ``port=0`` picks a free port.
+
+    ``forward_to``: None uses the manifest's ``next_hop``; "" turns forwarding off; "host:port"
+    forwards there. The next shard's model name is ``forward_model``, else the manifest's
+    ``extra["next_model"]``. Raises ShardIntegrityError on a sha256 mismatch, ManifestError
+    or ValueError on any other bad shard or argument, OSError if the port cannot be bound.
+    """
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
+    if not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
+    options = channel_options(max_message_mb)
+    model = ShardModel(shard_dir, intra_op_threads=intra_op_threads, providers=providers)
+    hop_address = model.manifest.next_hop if forward_to is None else (forward_to or None)
+    next_hop = None
+    if hop_address is not None:
+        parse_hop(hop_address)
+        next_model = forward_model or model.manifest.extra.get("next_model")
+        if not next_model:
+            raise ManifestError(
+                f"shard {model.name}: forwarding to {hop_address} needs the next shard's model "
+                "name: pass forward_model (--forward-model) or set extra['next_model'] in the "
+                "manifest"
+            )
+        next_hop = _NextHop(hop_address, str(next_model), max_message_mb, forward_timeout_s)
+    servicer = ShardServicer(model, next_hop)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"oip-{model.name}"),
+        options=options,
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    bind = f"{_bracket(host)}:{port}"
+    try:
+        bound = server.add_insecure_port(bind)
+    except RuntimeError as exc:  # grpcio >= 1.5x raises instead of returning 0
+        bound, reason = 0, str(exc)
+    else:
+        reason = "port in use or address not local"
+    if not bound:
+        if next_hop is not None:
+            next_hop.client.close()
+        raise OSError(f"cannot bind the OIP server to {bind}: {reason}")
+    server.start()
+    running = ShardServer(server=server, servicer=servicer, host=host, port=bound)
+    log.info(
+        "serving %s (shard %d/%d, %s) on %s%s",
+        model.name,
+        model.manifest.shard_index + 1,
+        model.manifest.num_shards,
+        ",".join(model.providers),
+        running.address,
+        f", forwarding to {next_hop.address} ({next_hop.model_name})" if next_hop else "",
+    )
+    return running
+
+
+def serve_shard(
+    shard_dir: str | Path,
+    host: str,
+    port: int,
+    forward_to: str | None = None,
+    **kwargs: object,
+) -> grpc.Server:
+    """Like start_shard_server, returning the bare grpc.Server (stop it with ``.stop(grace)``)."""
+    return start_shard_server(shard_dir, host, port, forward_to, **kwargs).server  # type: ignore[arg-type]
+
+
+def ready_line(running: ShardServer) -> str:
+    """The one stdout line that says the server is up (parsed by process.py)."""
+    m = running.manifest
+    return (
+        f"{READY_PREFIX}model={m.model_name} address={running.address} "
+        f"shard={m.shard_index + 1}/{m.num_shards} forward_to={running.forward_to or '-'}"
+    )
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.edge.serving.server",
+        description="Serve one ONNX shard over the Open Inference Protocol (KServe v2) gRPC API.",
+    )
+    parser.add_argument("--shard-dir", required=True, type=Path, help="folder with manifest.json")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    hop = parser.add_mutually_exclusive_group()
+    hop.add_argument("--forward-to", metavar="HOST:PORT", help="next shard (default: manifest)")
+    hop.add_argument("--no-forward", action="store_true", help="ignore the manifest's next_hop")
+    parser.add_argument("--forward-model", help="the next shard's model name")
+    parser.add_argument("--workers", type=int, default=4, help="gRPC worker threads")
+    parser.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads")
+    parser.add_argument("--max-message-mb", type=int, default=DEFAULT_MAX_MESSAGE_MB)
+    parser.add_argument("--grace-s", type=float, default=5.0, help="shutdown grace period")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    stop = threading.Event()
+    # Handlers go in before loading, so a SIGTERM during a slow load still stops cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    forward_to = "" if args.no_forward else args.forward_to
+    try:
+        running = start_shard_server(
+            args.shard_dir,
+            args.host,
+            args.port,
+            forward_to,
+            forward_model=args.forward_model,
+            max_workers=args.workers,
+            intra_op_threads=args.intra_op_threads,
+            max_message_mb=args.max_message_mb,
+        )
+    except ShardIntegrityError as exc:
+        print(f"gpuflow shard server: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_INTEGRITY_ERROR
+    except (ManifestError, ValueError, OSError) as exc:
+        print(f"gpuflow shard server: cannot start: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_ERROR
+    print(ready_line(running), flush=True)
+    while not stop.wait(timeout=1.0):  # a timed wait keeps the main thread responsive
+        pass
+    log.info(
+        "signal received; stopping %s (grace %.1f s)", running.manifest.model_name, args.grace_s
+    )
+    running.stop(grace_s=args.grace_s)
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised through subprocess tests
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Predictive device health: telemetry windows, fleet history, the LSTM risk model, scoring."""

@@ -1,0 +1,154 @@
+"""The health-risk event contract (DESIGN.md section 3) and the public entry points.
+
+Other parts (remediation, the lead's CLI and demo) import from here only:
+
+- ``EVENT_NAME`` and ``resource_id_for(node, index)``: what a deployment trigger matches;
+- ``DeviceRisk``: one scored device;
+- ``emit_health_risk(...)``: send the event, returns its id;
+- ``score_fleet(backend, model)`` and ``load_champion()``: thin re-exports of
+  tasks.health.scoring / tasks.health.model (imported lazily so that importing this
+  module does not pull torch in).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hardware.backend import Backend
+    from tasks.health.model import HealthModel
+
+EVENT_NAME = "gpuflow.device.health-risk"
+RESOURCE_PREFIX = "gpuflow.device."
+DEVICE_LOST_REASON = "device lost"
+
+_RESOURCE_RE = re.compile(r"^gpuflow\.device\.(?P<node>.+)\.(?P<index>\d+)$")
+
+
+def resource_id_for(node: str, index: int) -> str:
+    """``gpuflow.device.<node>.<index>``: the Prefect resource id of one device."""
+    if not node or not isinstance(node, str):
+        raise ValueError(f"node must be a non-empty string, got {node!r}")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError(f"index must be a non-negative int, got {index!r}")
+    return f"{RESOURCE_PREFIX}{node}.{index}"
+
+
+def parse_resource_id(resource_id: str) -> tuple[str, int]:
+    """Inverse of resource_id_for: ``gpuflow.device.n3.2`` -> ("n3", 2)."""
+    m = _RESOURCE_RE.match(resource_id or "")
+    if not m:
+        raise ValueError(
+            f"not a device resource id: {resource_id!r} (expected gpuflow.device.<node>.<index>)"
+        )
+    return m.group("node"), int(m.group("index"))
+
+
+@dataclass(frozen=True)
+class DeviceRisk:
+    """One device's risk of failure within the model's horizon.
+
+    ``top_features`` maps feature name -> the value that drove the score most (by
+    attribution), so an operator can read why. ``reason`` is "model" for a scored
+    device and "device lost" for one that no longer answers (risk 1.0).
+    """
+
+    node: str
+    index: int
+    sku: str
+    risk: float
+    top_features: dict[str, float] = field(default_factory=dict)
+    reason: str = "model"
+
+    @property
+    def resource_id(self) -> str:
+        return resource_id_for(self.node, self.index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def health_risk_payload(
+    node: str, index: int, risk: float, features: dict[str, float], sku: str, reason: str = "model"
+) -> dict[str, Any]:
+    """The event payload; validated before anything is sent."""
+    resource_id_for(node, index)  # validates node/index
+    try:
+        risk_f = float(risk)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"risk must be a number in [0, 1], got {risk!r}") from exc
+    if not 0.0 <= risk_f <= 1.0:
+        raise ValueError(f"risk must be in [0, 1], got {risk_f}")
+    if not isinstance(features, dict):
+        raise ValueError(f"features must be a dict name -> value, got {type(features).__name__}")
+    return {
+        "risk": round(risk_f, 6),
+        "top_features": {str(k): float(v) for k, v in features.items()},
+        "node": node,
+        "index": index,
+        "sku": sku,
+        "reason": reason,
+    }
+
+
+def emit_health_risk(
+    node: str,
+    index: int,
+    risk: float,
+    features: dict[str, float],
+    sku: str,
+    reason: str = "model",
+) -> str:
+    """Emit ``gpuflow.device.health-risk`` for one device; returns the event id.
+
+    The id is chosen here (not by the server) so the caller can log it and match the
+    automation's flow run to it even when no events client is configured (then Prefect
+    drops the event silently and the id is still returned).
+    """
+    from prefect.events import emit_event
+
+    payload = health_risk_payload(node, index, risk, features, sku, reason)
+    event_id = uuid.uuid4()
+    emit_event(
+        event=EVENT_NAME,
+        resource={
+            "prefect.resource.id": resource_id_for(node, index),
+            "prefect.resource.name": f"{node}:{index}",
+            "gpuflow.node": node,
+            "gpuflow.index": str(index),
+            "gpuflow.sku": sku,
+        },
+        payload=payload,
+        id=event_id,
+    )
+    return str(event_id)
+
+
+def score_fleet(backend: Backend, model: HealthModel | None = None) -> list[DeviceRisk]:
+    """Sample and score every device the backend sees (see tasks.health.scoring)."""
+    from tasks.health.scoring import score_fleet as _score_fleet
+
+    return _score_fleet(backend, model)
+
+
+def load_champion() -> HealthModel:
+    """The registered champion model (``models:/gpuflow-health-lstm@champion``)."""
+    from tasks.health.model import load_champion as _load_champion
+
+    return _load_champion()
+
+
+__all__ = [
+    "DEVICE_LOST_REASON",
+    "EVENT_NAME",
+    "DeviceRisk",
+    "emit_health_risk",
+    "health_risk_payload",
+    "load_champion",
+    "parse_resource_id",
+    "resource_id_for",
+    "score_fleet",
+]
