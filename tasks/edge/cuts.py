@@ -74,7 +74,7 @@ def _value_spec(value: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(value.name, tuple(dims), _elem_dtype(tensor_type.elem_type))
 
 
-def _bytes_per_item(spec: TensorSpec) -> int:
+def bytes_per_item(spec: TensorSpec) -> int:
     """Bytes of one batch item (dimension 0 is the batch; other -1 dims count as 1)."""
     count = 1
     for dim in spec.shape[1:]:
@@ -159,6 +159,8 @@ def find_cuts(model: onnx.ModelProto) -> GraphCuts:
     readers[graph_output].append(n)
 
     value_infos = {v.name: v for v in (*graph.value_info, *graph.input, *graph.output)}
+    if any(name not in value_infos for name in dynamic):
+        value_infos.update(_inferred_value_infos(model, order))
     cuts: list[CutPoint] = []
     for pos, node in enumerate(order):
         outs = [o for o in node.output if o in dynamic]
@@ -172,7 +174,7 @@ def find_cuts(model: onnx.ModelProto) -> GraphCuts:
             if tensor not in value_infos:
                 raise CutError(f"cut tensor {tensor!r} has no value_info; run shape inference")
             spec = _value_spec(value_infos[tensor])
-            cuts.append(CutPoint(tensor, prefix.bit_count(), spec, _bytes_per_item(spec)))
+            cuts.append(CutPoint(tensor, prefix.bit_count(), spec, bytes_per_item(spec)))
     cuts.sort(key=lambda c: c.prefix_nodes)
 
     # Segments: the nodes each cut's prefix adds to the previous one's.
@@ -199,6 +201,18 @@ def find_cuts(model: onnx.ModelProto) -> GraphCuts:
         output_spec=_value_spec(graph.output[0]),
         weight_bytes=weight_bytes,
     )
+
+
+def _inferred_value_infos(
+    model: onnx.ModelProto, order: list[onnx.NodeProto]
+) -> dict[str, onnx.ValueInfoProto]:
+    """Shape inference over a topologically sorted copy (it needs producers before readers)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
+    copy.graph.node.extend(order)
+    inferred = onnx.shape_inference.infer_shapes(copy).graph
+    return {v.name: v for v in inferred.value_info}
 
 
 def _is_single_cut(

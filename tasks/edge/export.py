@@ -17,7 +17,7 @@ import io
 import json
 import logging
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -58,10 +58,19 @@ class ExportedModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> ExportedModel:
-        data = dict(data)
+        names = {f.name for f in fields(cls)}
+        data = {key: value for key, value in data.items() if key in names}
         data["onnx_path"] = Path(data["onnx_path"])
         data["input_shape"] = tuple(data["input_shape"])
         return cls(**data)
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> ExportedModel:
+        """The export described by ``out_dir/export.json`` (written by export_model)."""
+        path = Path(out_dir) / EXPORT_INFO_FILE
+        if not path.is_file():
+            raise ExportError(f"no {EXPORT_INFO_FILE} in {out_dir}")
+        return cls.from_dict(json.loads(path.read_text()))
 
     def sample_inputs(self, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
         """Deterministic example inputs for this model (images: normal noise; LMs: token ids)."""
@@ -186,3 +195,10 @@ def torch_reference(
     model = build_model(model_name, seed=seed, **(overrides or {})).eval()
     with torch.no_grad():
         return model(torch.from_numpy(inputs)).numpy()
+
+
+# --- Prefect task ---------------------------------------------------------------------------
+from prefect import task  # noqa: E402  (thin wrapper kept at the bottom, as in tasks/training)
+from prefect.cache_policies import NONE  # noqa: E402
+
+export_task = task(export_model, name="edge-export", retries=1, cache_policy=NONE)

@@ -127,3 +127,10 @@ def package_plan(
         packaged.append(PackagedShard(shard_dir, manifest))
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     return packaged
+
+
+# --- Prefect task ---------------------------------------------------------------------------
+from prefect import task  # noqa: E402
+from prefect.cache_policies import NONE  # noqa: E402
+
+package_task = task(package_plan, name="edge-package", cache_policy=NONE)

@@ -131,3 +131,10 @@ def _summarise(
 def segment_costs_ms(profile: NodeProfile, node_names: list[str], segments: list[list[int]]) -> list[float]:
     """Sum the profiled node costs of each segment (nodes the profiler never saw cost 0)."""
     return [sum(profile.node_ms.get(node_names[i], 0.0) for i in seg) for seg in segments]
+
+
+# --- Prefect task ---------------------------------------------------------------------------
+from prefect import task  # noqa: E402
+from prefect.cache_policies import NONE  # noqa: E402
+
+profile_task = task(profile_nodes, name="edge-profile", cache_policy=NONE)

@@ -92,6 +92,16 @@ def test_bad_inputs_are_clean_errors(tmp_path: Path) -> None:
     assert bad_backend.exit_code == 2 and "not one of" in bad_backend.stderr
 
 
+def test_train_refuses_bad_input_before_any_flow_runs() -> None:
+    unknown = runner.invoke(app, ["train", "--model", "gpt-5"])
+    assert unknown.exit_code == 2 and "unknown model" in unknown.stderr
+    policy = runner.invoke(app, ["train", "--precision", "int4"])
+    assert policy.exit_code == 2 and "precision" in policy.stderr
+    s3_without_bucket = runner.invoke(app, ["train", "--storage", "s3"])
+    assert s3_without_bucket.exit_code == 2 and "bucket" in s3_without_bucket.stderr
+    assert not list(Path(os.environ["GPUFLOW_HOME"]).glob("mlflow/*"))  # nothing recorded
+
+
 def test_injected_fault_shows_in_another_process_telemetry() -> None:
     injected = _gpuflow("sim", "inject", "--device", "a100-1:2", "--fault", "remap-pending")
     assert injected.returncode == 0, injected.stderr
@@ -103,11 +113,3 @@ def test_injected_fault_shows_in_another_process_telemetry() -> None:
     assert "row remap pending" in rows[("a100-1", 2)]["health_reasons"]
     assert rows[("v100-0", 3)]["health"] == "lost"
     assert rows[("a100-1", 1)]["health"] == "ok"
-
-
-def test_demo_prints_fleet_and_partitioned_layout() -> None:
-    result = runner.invoke(app, ["demo"])
-    assert result.exit_code == 0, result.output
-    assert "discovered fleet" in result.stdout and "partitioned layout" in result.stdout
-    assert "3g.20gb@4" in result.stdout  # all-balanced needs the 3g at slice 4
-    assert "impossible plan refused" in result.stdout

@@ -6,37 +6,41 @@
 - ``client``: ``OipClient`` for any OIP server.
 - ``chain``: run a chain by a driver or by forwarding, and pipelined for throughput.
 - ``proto``: the protocol's .proto and its generated stubs (scripts/gen_oip_protos.sh).
+
+Names are imported lazily: ``python -m tasks.edge.serving.server`` must not find the server
+module already imported by its package (runpy warns and may run it twice).
 """
 
-from tasks.edge.serving.chain import (
-    ChainDriver,
-    PipelinedRun,
-    pipelined_driver,
-    pipelined_forwarding,
-    run_chain_driver,
-    run_chain_forwarding,
-    run_pipelined,
-)
-from tasks.edge.serving.client import ModelMetadata, OipClient, OipError, ServerMetadata
-from tasks.edge.serving.process import ShardProcess, ShardStartError, start_shard_process
-from tasks.edge.serving.server import ShardServer, serve_shard, start_shard_server
+from __future__ import annotations
 
-__all__ = [
-    "ChainDriver",
-    "ModelMetadata",
-    "OipClient",
-    "OipError",
-    "PipelinedRun",
-    "ServerMetadata",
-    "ShardProcess",
-    "ShardServer",
-    "ShardStartError",
-    "pipelined_driver",
-    "pipelined_forwarding",
-    "run_chain_driver",
-    "run_chain_forwarding",
-    "run_pipelined",
-    "serve_shard",
-    "start_shard_process",
-    "start_shard_server",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ChainDriver": "chain",
+    "PipelinedRun": "chain",
+    "pipelined_driver": "chain",
+    "pipelined_forwarding": "chain",
+    "run_chain_driver": "chain",
+    "run_chain_forwarding": "chain",
+    "run_pipelined": "chain",
+    "ModelMetadata": "client",
+    "OipClient": "client",
+    "OipError": "client",
+    "ServerMetadata": "client",
+    "ShardProcess": "process",
+    "ShardStartError": "process",
+    "start_shard_process": "process",
+    "ShardServer": "server",
+    "serve_shard": "server",
+    "start_shard_server": "server",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -61,7 +61,8 @@ def encode_array(name: str, array: Any) -> tuple[str, list[int], bytes]:
     """(datatype, shape, raw bytes) of an array; TensorCodecError for an unsupported dtype."""
     arr = np.asarray(array)
     try:
-        datatype = kserve_dtype(arr.dtype)
+        # Byte order is a storage detail here (the wire is always little-endian).
+        datatype = kserve_dtype(arr.dtype.newbyteorder("="))
     except ValueError as exc:
         raise TensorCodecError(f"tensor {name!r}: {exc}") from None
     # ascontiguousarray + '<' byte order: the wire layout is row-major little-endian.

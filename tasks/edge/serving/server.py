@@ -470,7 +470,9 @@ def start_shard_server(
         raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
     if not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
-    options = channel_options(max_message_mb)
+    # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind and
+    # silently share it. Off, so a taken port is an error.
+    options = [*channel_options(max_message_mb), ("grpc.so_reuseport", 0)]
     model = ShardModel(shard_dir, intra_op_threads=intra_op_threads, providers=providers)
     hop_address = model.manifest.next_hop if forward_to is None else (forward_to or None)
     next_hop = None

@@ -1,0 +1,486 @@
+"""Per-device feature windows: telemetry samples -> 5-minute buckets -> a window of buckets.
+
+Why buckets: the monitor samples every 5 s, the fleet history is generated in 5-minute
+steps (a year of a large fleet in seconds). Both reduce to the same bucket features, so
+the model trained on history scores live windows unchanged. A bucket holds what its
+samples saw: the hottest temperature, mean power/clocks/utilization/memory, the share of
+samples throttled, the growth of the error counters over the bucket, the counter totals
+and remap flags at its end, and the XIDs seen in it, counted by class. A window is the
+last ``WINDOW_BUCKETS`` buckets (1 hour), oldest first.
+
+``FleetWindows`` keeps that state for a whole fleet in numpy arrays (10,000 devices
+update and assemble in milliseconds) and saves it to one .npz so that consecutive monitor
+runs continue where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hardware.backend import TelemetrySample
+from hardware.health import CRITICAL_XIDS
+
+BUCKET_S = 300.0  # one bucket: 5 minutes of samples
+WINDOW_BUCKETS = 12  # one window: the last hour
+REFERENCE_C = 25.0  # thermal_c_per_w = (temperature - REFERENCE_C) / power: ambient-ish
+DEFAULT_MAX_CLOCK_MHZ = 1500  # only for devices whose SKU is unknown and clocks unreadable
+
+# XID classes. memory + bus is exactly hardware.health.CRITICAL_XIDS (checked below).
+XID_MEMORY = frozenset({48, 63, 64, 92, 94, 95})
+XID_BUS = frozenset({74, 79})
+XID_APP = frozenset({13, 31, 43, 45, 68, 109})
+if XID_MEMORY | XID_BUS != CRITICAL_XIDS:  # pragma: no cover - a guard for future edits
+    raise RuntimeError("XID_MEMORY | XID_BUS must equal hardware.health.CRITICAL_XIDS")
+
+THERMAL_REASONS = frozenset(
+    {"SwThermalSlowdown", "HwSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
+)
+
+FEATURES: tuple[str, ...] = (
+    "temperature_c",  # hottest sample of the bucket
+    "temperature_trend_c_per_h",  # change of temperature_c since the previous bucket
+    "thermal_c_per_w",  # (temperature - 25 C) / power: rises as a thermal interface degrades
+    "power_ratio",  # power / power limit
+    "clock_ratio",  # SM clock / SKU max clock
+    "throttle_thermal_ratio",  # share of samples with a thermal clock-event reason
+    "throttle_power_ratio",  # share of samples with SwPowerCap
+    "utilization_ratio",
+    "memory_used_ratio",
+    "ecc_corrected_delta_log",  # log1p(growth over the bucket)
+    "ecc_uncorrected_delta_log",
+    "ecc_corrected_total_log",  # log1p(total at the end of the bucket)
+    "ecc_uncorrected_total_log",
+    "remapped_rows_total_log",  # remapped rows (both kinds) + retired pages
+    "remap_pending",  # 0/1 at the end of the bucket
+    "remap_failure",
+    "xid_memory_log",  # log1p(XIDs of the class seen in the bucket)
+    "xid_bus_log",
+    "xid_app_log",
+    "xid_other_log",
+)
+N_FEATURES = len(FEATURES)
+FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
+
+# Per-sample "mean" channels accumulated in a bucket (temperature is a max, kept apart).
+_MEAN_CHANNELS = (
+    "thermal_c_per_w",
+    "power_ratio",
+    "clock_ratio",
+    "throttle_thermal_ratio",
+    "throttle_power_ratio",
+    "utilization_ratio",
+    "memory_used_ratio",
+)
+# Counter channels: (corrected, uncorrected, remapped_total); flags: (pending, failure).
+_N_COUNTERS = 3
+_N_XID_CLASSES = 4
+
+
+def xid_class_counts(xids: Iterable[int]) -> tuple[int, int, int, int]:
+    """(memory, bus, app, other) counts of a sequence of XIDs."""
+    mem = bus = app = other = 0
+    for x in xids:
+        if x in XID_MEMORY:
+            mem += 1
+        elif x in XID_BUS:
+            bus += 1
+        elif x in XID_APP:
+            app += 1
+        else:
+            other += 1
+    return mem, bus, app, other
+
+
+def bucket_matrix(
+    *,
+    temperature_c: np.ndarray,
+    means: np.ndarray,
+    counters_start: np.ndarray,
+    counters_end: np.ndarray,
+    remap_pending: np.ndarray,
+    remap_failure: np.ndarray,
+    xid_counts: np.ndarray,
+    first_prev_temperature_c: float | None = None,
+    bucket_s: float = BUCKET_S,
+) -> np.ndarray:
+    """Feature vectors of buckets (FEATURES order); the history and the live windows both
+    build their buckets here, so the two cannot drift apart.
+
+    A counter that went down was reset (a repair): its growth counts from zero. Shapes:
+    temperature_c [n], means [n, 7] (_MEAN_CHANNELS), counters_* [n, 3] (corrected,
+    uncorrected, remapped total), flags [n], xid_counts [n, 4]. The trend of bucket i uses bucket i-1 (``first_prev_temperature_c`` for bucket 0).
+    """
+    n = len(temperature_c)
+    out = np.empty((n, N_FEATURES), dtype=np.float32)
+    out[:, 0] = temperature_c
+    prev = np.empty(n, dtype=np.float64)
+    if n:
+        prev[0] = temperature_c[0] if first_prev_temperature_c is None else first_prev_temperature_c
+        prev[1:] = temperature_c[:-1]
+    out[:, 1] = (temperature_c - prev) * 3600.0 / bucket_s
+    out[:, 2:9] = means
+    deltas = np.where(counters_end >= counters_start, counters_end - counters_start, counters_end)
+    out[:, 9] = np.log1p(np.maximum(deltas[:, 0], 0.0))
+    out[:, 10] = np.log1p(np.maximum(deltas[:, 1], 0.0))
+    out[:, 11:14] = np.log1p(np.maximum(counters_end, 0.0))
+    out[:, 14] = remap_pending
+    out[:, 15] = remap_failure
+    out[:, 16:20] = np.log1p(xid_counts)
+    return out
+
+
+def sliding_windows(buckets: np.ndarray, window: int = WINDOW_BUCKETS) -> np.ndarray:
+    """All windows of consecutive buckets [n - window + 1, window, F] (a view, no copy)."""
+    if len(buckets) < window:
+        return np.empty((0, window, buckets.shape[1]), dtype=buckets.dtype)
+    v = np.lib.stride_tricks.sliding_window_view(buckets, window, axis=0)
+    return v.transpose(0, 2, 1)  # [n, F, window] -> [n, window, F]
+
+
+def summary_features(windows: np.ndarray) -> np.ndarray:
+    """Flat per-window features for tree models: last, mean, max and last - first."""
+    last = windows[:, -1, :]
+    return np.concatenate(
+        [last, windows.mean(axis=1), windows.max(axis=1), last - windows[:, 0, :]], axis=1
+    ).astype(np.float32)
+
+
+def summary_feature_names() -> list[str]:
+    return [f"{agg}:{f}" for agg in ("last", "mean", "max", "delta") for f in FEATURES]
+
+
+def sample_counters(s: TelemetrySample) -> tuple[float, float, float]:
+    return (
+        float(s.ecc_corrected_total),
+        float(s.ecc_uncorrected_total),
+        float(s.remapped_rows_correctable + s.remapped_rows_uncorrectable + s.retired_pages),
+    )
+
+
+def sample_means(s: TelemetrySample, max_clock_mhz: float) -> tuple[float, ...]:
+    power_w = s.power_mw / 1000.0
+    reasons = set(s.clock_event_reasons)
+    return (
+        (s.temperature_c - REFERENCE_C) / max(power_w, 1.0),
+        s.power_mw / s.power_limit_mw if s.power_limit_mw > 0 else 0.0,
+        s.sm_clock_mhz / max_clock_mhz if max_clock_mhz > 0 else 0.0,
+        1.0 if reasons & THERMAL_REASONS else 0.0,
+        1.0 if "SwPowerCap" in reasons else 0.0,
+        float(s.utilization_ratio),
+        s.memory_used_mb / s.memory_total_mb if s.memory_total_mb > 0 else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class DeviceKey:
+    node: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.index}"
+
+
+class FleetWindows:
+    """Rolling bucket windows of many devices, updated from telemetry samples.
+
+    Rows are devices (added on first sight). Per row: the last ``window`` completed
+    buckets, the bucket in progress (accumulators), the counters at the previous sample.
+    ``windows()`` returns [rows, window, F] with the bucket in progress as the newest
+    bucket, so a new XID counts at the next score, not five minutes later.
+    """
+
+    def __init__(self, window: int = WINDOW_BUCKETS, bucket_s: float = BUCKET_S) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2 buckets, got {window}")
+        if bucket_s <= 0:
+            raise ValueError(f"bucket_s must be > 0, got {bucket_s}")
+        self.window = window
+        self.bucket_s = bucket_s
+        self.keys: list[DeviceKey] = []
+        self._row: dict[DeviceKey, int] = {}
+        self.max_clock_mhz = np.zeros(0, dtype=np.float64)
+        self.done = np.zeros((0, window, N_FEATURES), dtype=np.float32)  # completed buckets
+        self.n_done = np.zeros(0, dtype=np.int64)  # how many of them are real
+        self.bucket_id = np.full(0, -1, dtype=np.int64)  # id of the bucket in progress
+        self.acc_n = np.zeros(0, dtype=np.int64)
+        self.acc_means = np.zeros((0, len(_MEAN_CHANNELS)), dtype=np.float64)
+        self.acc_temp_max = np.zeros(0, dtype=np.float64)
+        self.acc_xids = np.zeros((0, _N_XID_CLASSES), dtype=np.float64)
+        self.acc_start = np.zeros((0, _N_COUNTERS), dtype=np.float64)  # counters at start
+        self.last_counters = np.zeros((0, _N_COUNTERS), dtype=np.float64)
+        self.last_flags = np.zeros((0, 2), dtype=np.float64)
+        self.prev_temp = np.full(0, np.nan, dtype=np.float64)  # last completed bucket's temp
+        self.last_ts = np.full(0, -np.inf, dtype=np.float64)
+
+    # -- rows -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def row(self, node: str, index: int) -> int | None:
+        return self._row.get(DeviceKey(node, index))
+
+    def ensure(self, keys: Sequence[DeviceKey], max_clock_mhz: Sequence[float]) -> np.ndarray:
+        """Row numbers of ``keys``, adding the unknown ones."""
+        new = [(k, c) for k, c in zip(keys, max_clock_mhz, strict=True) if k not in self._row]
+        if new:
+            start = len(self.keys)
+            for i, (k, _) in enumerate(new):
+                self._row[k] = start + i
+                self.keys.append(k)
+            m = len(new)
+            self.max_clock_mhz = np.concatenate(
+                [self.max_clock_mhz, np.asarray([c for _, c in new], dtype=np.float64)]
+            )
+            self.done = np.concatenate(
+                [self.done, np.zeros((m, self.window, N_FEATURES), dtype=np.float32)]
+            )
+            self.n_done = np.concatenate([self.n_done, np.zeros(m, dtype=np.int64)])
+            self.bucket_id = np.concatenate([self.bucket_id, np.full(m, -1, dtype=np.int64)])
+            self.acc_n = np.concatenate([self.acc_n, np.zeros(m, dtype=np.int64)])
+            self.acc_means = np.concatenate(
+                [self.acc_means, np.zeros((m, len(_MEAN_CHANNELS)))]
+            )
+            self.acc_temp_max = np.concatenate([self.acc_temp_max, np.zeros(m)])
+            self.acc_xids = np.concatenate([self.acc_xids, np.zeros((m, _N_XID_CLASSES))])
+            self.acc_start = np.concatenate([self.acc_start, np.zeros((m, _N_COUNTERS))])
+            self.last_counters = np.concatenate(
+                [self.last_counters, np.zeros((m, _N_COUNTERS))]
+            )
+            self.last_flags = np.concatenate([self.last_flags, np.zeros((m, 2))])
+            self.prev_temp = np.concatenate([self.prev_temp, np.full(m, np.nan)])
+            self.last_ts = np.concatenate([self.last_ts, np.full(m, -np.inf)])
+        return np.asarray([self._row[k] for k in keys], dtype=np.int64)
+
+    def reset_rows(self, rows: np.ndarray) -> None:
+        """Forget the history of these devices (repaired, replaced, or back after a gap)."""
+        self.n_done[rows] = 0
+        self.bucket_id[rows] = -1
+        self.acc_n[rows] = 0
+        self.prev_temp[rows] = np.nan
+        self.last_ts[rows] = -np.inf
+
+    # -- updates --------------------------------------------------------------------
+    def update(self, samples: Sequence[TelemetrySample], max_clock_mhz: Sequence[float]) -> None:
+        """Add one sample per device (present devices only; lost ones are not scored)."""
+        if len(samples) != len(max_clock_mhz):
+            raise ValueError("samples and max_clock_mhz must have the same length")
+        if not samples:
+            return
+        keys = [DeviceKey(s.node, s.index) for s in samples]
+        rows = self.ensure(keys, max_clock_mhz)
+        ts = np.asarray([s.timestamp_s for s in samples], dtype=np.float64)
+        means = np.asarray(
+            [sample_means(s, c) for s, c in zip(samples, self.max_clock_mhz[rows], strict=True)],
+            dtype=np.float64,
+        )
+        temps = np.asarray([s.temperature_c for s in samples], dtype=np.float64)
+        counters = np.asarray([sample_counters(s) for s in samples], dtype=np.float64)
+        flags = np.asarray(
+            [(s.remapped_rows_pending, s.remapped_rows_failure) for s in samples], dtype=np.float64
+        )
+        xids = np.asarray([xid_class_counts(s.xids) for s in samples], dtype=np.float64)
+        self.update_arrays(rows, ts, temps, means, counters, flags, xids)
+
+    def update_arrays(
+        self,
+        rows: np.ndarray,
+        ts: np.ndarray,
+        temps: np.ndarray,
+        means: np.ndarray,
+        counters: np.ndarray,
+        flags: np.ndarray,
+        xids: np.ndarray,
+    ) -> None:
+        """The vectorized core of update(); arrays are per sample, aligned with ``rows``."""
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError("one sample per device per update")
+        # A sample older than the last one of its device is ignored (clock went back).
+        fresh = ts > self.last_ts[rows]
+        rows, ts, temps, means = rows[fresh], ts[fresh], temps[fresh], means[fresh]
+        counters, flags, xids = counters[fresh], flags[fresh], xids[fresh]
+        # Counters that went down: the device was repaired; its old window means nothing.
+        repaired = np.any(counters < self.last_counters[rows] - 1e-9, axis=1) & (
+            self.bucket_id[rows] >= 0
+        )
+        bid = np.floor(ts / self.bucket_s).astype(np.int64)
+        # A gap longer than the window: start over (the buckets in between are unknown).
+        gap = (self.bucket_id[rows] >= 0) & (bid - self.bucket_id[rows] > self.window)
+        restart = repaired | gap
+        if restart.any():
+            self.reset_rows(rows[restart])
+        cur = self.bucket_id[rows]
+        advancing = (cur >= 0) & (bid > cur)
+        if advancing.any():
+            self._close_buckets(rows[advancing], bid[advancing] - cur[advancing])
+        opening = self.bucket_id[rows] != bid
+        if opening.any():
+            r = rows[opening]
+            self.bucket_id[r] = bid[opening]
+            self.acc_n[r] = 0
+            self.acc_means[r] = 0.0
+            self.acc_temp_max[r] = -np.inf
+            self.acc_xids[r] = 0.0
+            # The bucket's growth counts from the previous sample (continuous deltas);
+            # a device seen for the first time starts from its current counters.
+            first = ~np.isfinite(self.last_ts[r])
+            start = self.last_counters[r].copy()
+            start[first] = counters[opening][first]
+            self.acc_start[r] = start
+        self.acc_n[rows] += 1
+        self.acc_means[rows] += means
+        self.acc_temp_max[rows] = np.maximum(self.acc_temp_max[rows], temps)
+        self.acc_xids[rows] += xids
+        self.last_counters[rows] = counters
+        self.last_flags[rows] = flags
+        self.last_ts[rows] = ts
+
+    def _current_buckets(self, rows: np.ndarray) -> np.ndarray:
+        n = np.maximum(self.acc_n[rows], 1)[:, None]
+        temps = self.acc_temp_max[rows]
+        out = bucket_matrix(
+            temperature_c=temps,
+            means=self.acc_means[rows] / n,
+            counters_start=self.acc_start[rows],
+            counters_end=self.last_counters[rows],
+            remap_pending=self.last_flags[rows, 0],
+            remap_failure=self.last_flags[rows, 1],
+            xid_counts=self.acc_xids[rows],
+            bucket_s=self.bucket_s,
+        )
+        prev = self.prev_temp[rows]
+        # The trend is against the previous completed bucket (none yet: flat).
+        out[:, 1] = np.where(np.isnan(prev), 0.0, (temps - prev) * 3600.0 / self.bucket_s)
+        return out
+
+    def _close_buckets(self, rows: np.ndarray, steps: np.ndarray) -> None:
+        """Push the bucket in progress; missing buckets in a short gap repeat it, with no
+        counter growth and no XIDs (nothing was seen then)."""
+        cur = self._current_buckets(rows)
+        for k in range(int(steps.max())):
+            sel = steps > k
+            r = rows[sel]
+            b = cur[sel]
+            if k > 0:
+                b = b.copy()
+                b[:, 1] = 0.0  # no trend
+                b[:, 9] = 0.0
+                b[:, 10] = 0.0
+                b[:, 16:20] = 0.0
+            self.done[r, :-1] = self.done[r, 1:]
+            self.done[r, -1] = b
+            self.n_done[r] = np.minimum(self.n_done[r] + 1, self.window)
+            self.prev_temp[r] = b[:, 0]
+
+    # -- windows --------------------------------------------------------------------
+    def ready(self) -> np.ndarray:
+        """Rows that have at least one sample."""
+        return np.flatnonzero(self.bucket_id >= 0)
+
+    def windows(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """[rows, window, F]: the last window-1 completed buckets + the one in progress.
+
+        A device with fewer buckets so far is padded at the front with copies of its
+        oldest known bucket (no growth, no XIDs), so a new device scores as steady.
+        """
+        rows = self.ready() if rows is None else np.asarray(rows, dtype=np.int64)
+        w = self.window
+        out = np.empty((len(rows), w, N_FEATURES), dtype=np.float32)
+        if not len(rows):
+            return out
+        out[:, :-1] = self.done[rows, 1:]
+        out[:, -1] = self._current_buckets(rows)
+        have = np.minimum(self.n_done[rows], w - 1)  # completed buckets in the window
+        short = np.flatnonzero(have < w - 1)
+        for i in short:
+            h = int(have[i])
+            oldest = out[i, w - 1 - h].copy()
+            oldest[[1, 9, 10, 16, 17, 18, 19]] = 0.0
+            out[i, : w - 1 - h] = oldest
+        return out
+
+    # -- persistence ----------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """Atomically write the state to ``path`` (.npz)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            meta=np.frombuffer(
+                json.dumps(
+                    {
+                        "window": self.window,
+                        "bucket_s": self.bucket_s,
+                        "features": list(FEATURES),
+                        "keys": [[k.node, k.index] for k in self.keys],
+                    }
+                ).encode(),
+                dtype=np.uint8,
+            ),
+            max_clock_mhz=self.max_clock_mhz,
+            done=self.done,
+            n_done=self.n_done,
+            bucket_id=self.bucket_id,
+            acc_n=self.acc_n,
+            acc_means=self.acc_means,
+            acc_temp_max=self.acc_temp_max,
+            acc_xids=self.acc_xids,
+            acc_start=self.acc_start,
+            last_counters=self.last_counters,
+            last_flags=self.last_flags,
+            prev_temp=self.prev_temp,
+            last_ts=self.last_ts,
+        )
+        fd, tmp = tempfile.mkstemp(prefix=".windows-", suffix=".npz", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(buf.getvalue())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path) -> FleetWindows:
+        """The saved state; a file from another feature layout raises ValueError."""
+        with np.load(Path(path)) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("features") != list(FEATURES):
+                raise ValueError(
+                    f"{path}: saved with features {meta.get('features')}, this code uses "
+                    f"{list(FEATURES)}; delete the file to start over"
+                )
+            fw = cls(window=int(meta["window"]), bucket_s=float(meta["bucket_s"]))
+            fw.keys = [DeviceKey(str(n), int(i)) for n, i in meta["keys"]]
+            fw._row = {k: i for i, k in enumerate(fw.keys)}
+            for name in (
+                "max_clock_mhz", "done", "n_done", "bucket_id", "acc_n", "acc_means",
+                "acc_temp_max", "acc_xids", "acc_start", "last_counters", "last_flags",
+                "prev_temp", "last_ts",
+            ):
+                setattr(fw, name, z[name].copy())
+        return fw
+
+    @classmethod
+    def load_or_new(
+        cls, path: Path, window: int = WINDOW_BUCKETS, bucket_s: float = BUCKET_S
+    ) -> FleetWindows:
+        """The saved state when it matches ``window``/``bucket_s``, else a fresh one."""
+        path = Path(path)
+        if path.exists():
+            try:
+                fw = cls.load(path)
+            except (ValueError, KeyError, OSError):
+                return cls(window, bucket_s)
+            if fw.window == window and fw.bucket_s == bucket_s:
+                return fw
+        return cls(window, bucket_s)
+

@@ -1,0 +1,12 @@
+"""Self-healing: move the jobs off a device at risk (or gone), isolate it, fail over, notify.
+
+Plain functions, one concept per module; the `remediate` flow (flows/remediate.py) is the
+DAG that strings them together, and tests call them without Prefect:
+
+* ``devices``   - which device an event or an operator means, and which jobs run on it;
+* ``ledger``    - incidents and their timelines, in the inventory's database (idempotency);
+* ``launch``    - how a job is (re)started: its launch record and an in-process runner;
+* ``steps``     - checkpoint, isolate, fail over, migrate, and the rollbacks;
+* ``notify``    - the operators' summary through a Prefect notification block;
+* ``downtime_sim`` - the discrete-event fleet simulation behind `gpuflow bench downtime`.
+"""

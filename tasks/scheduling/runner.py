@@ -1,0 +1,97 @@
+"""Running a placed job in this process: the `schedule` flow's launcher when no `train`
+deployment exists (a laptop, CI, the tests), and what a test thread uses to play a
+running training job.
+
+It is the train flow's body on the scheduler's lease: preflight, an MLflow run in the
+train experiment with the placement as tags, the training loop (which polls the control
+channel every step and acknowledges a checkpoint-and-stop with its checkpoint), then the
+outcome reported back to the scheduler. A job stopped on request is left "checkpointed"
+for the next pass to re-queue; it resumes from that checkpoint when placed again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from tasks.scheduling.service import SchedulerService
+from tasks.scheduling.train_placement import placement_for_train
+
+log = logging.getLogger(__name__)
+
+
+def run_scheduled_job(
+    cluster: Any,
+    storage: Any,
+    job_id: str,
+    extra_hooks: tuple[Callable[[Any], None], ...] = (),
+    experiment: str | None = None,
+) -> dict[str, Any]:
+    """Train scheduled job ``job_id`` on its placement; returns the TrainResult as a dict
+    with ``run_id`` and ``resource_id``. Raises if the job has no train spec."""
+    import mlflow
+
+    from tasks.tracking import flat_params, tracking_uri, use_experiment
+    from tasks.training.binding import DeviceRequest
+    from tasks.training.job import EXPERIMENT, preflight, result_metrics, run_training
+    from tasks.training.spec import TrainSpec
+
+    service = SchedulerService.for_cluster(cluster)
+    train = service.train_spec(job_id)
+    if not train:
+        raise ValueError(f"scheduled job {job_id!r} has no train spec: nothing to run here")
+    spec = TrainSpec.model_validate({**train, "job_id": job_id})
+    binding = placement_for_train(cluster, DeviceRequest(), job_id)
+    res = binding.resource
+    try:
+        preflight(spec, storage, cluster, DeviceRequest(sku=res.sku))
+    except Exception:
+        service.job_done(job_id, ok=False)
+        raise
+    experiment_id = use_experiment(experiment or EXPERIMENT)
+    client = mlflow.MlflowClient(tracking_uri())
+    run = client.create_run(
+        experiment_id,
+        run_name=job_id,
+        tags={
+            "gpuflow.job_id": job_id, "gpuflow.scheduled": "true", "gpuflow.node": res.node,
+            "gpuflow.sku": res.sku, "gpuflow.resource_id": res.resource_id,
+            "gpuflow.partition": res.profile or "whole-device",
+            "gpuflow.precision_policy": spec.precision,
+        },
+    )
+    run_id = run.info.run_id
+    client.log_batch(
+        run_id, params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()]
+    )
+    try:
+        result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
+    except Exception:
+        client.set_terminated(run_id, "FAILED")
+        service.job_done(job_id, ok=False)
+        cluster.get_backend().end_workload(job_id)
+        raise
+    for key, value in result_metrics(result).items():
+        if value is not None:
+            client.log_metric(run_id, key, float(value))
+    client.set_tag(run_id, "gpuflow.stopped_by_request", str(result.stopped_by_request).lower())
+    client.set_terminated(run_id, "FINISHED")
+    if result.stopped_by_request:
+        # Give the device back at once: the preemptor is waiting for it.
+        inventory = service.inventory
+        for lease in inventory.leases(owner=job_id):
+            inventory.release_lease(lease.resource_id, job_id)
+    service.job_done(job_id, ok=True, stopped_by_request=result.stopped_by_request)
+    return {"run_id": run_id, "resource_id": res.resource_id, **result.to_dict()}
+
+
+def _run_job(cluster: Any, storage: Any, job_id: str) -> dict[str, Any]:
+    return run_scheduled_job(cluster, storage, job_id)
+
+
+# No retries here: a failed job is reported to the scheduler, which decides what is next.
+run_job_task = task(_run_job, name="run-job", cache_policy=NONE)

@@ -1,0 +1,108 @@
+"""The `train` flow's placement, from the scheduler instead of "first free device".
+
+``placement_for_train`` is a drop-in for tasks.training.job.acquire: same inputs (the
+cluster, a DeviceRequest, the job id), same output (a Binding on a leased resource, with
+the torch device), but the lease comes through the scheduler, so the job gets a
+homogeneous, policy-placed unit, waits its turn or preempts by priority, and appears in
+``gpuflow schedule list``. A job the `schedule` flow already placed gets its binding
+straight away (the lease is there, owned by the job id).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from hardware.backend import InvalidRequestError
+from tasks.scheduling.model import JobRequest, NoCapacityError, SchedulerConfig
+from tasks.scheduling.service import SchedulerService, is_scheduled
+
+
+def request_from_device(device: Any, job_id: str, priority: int = 0) -> JobRequest:
+    """A JobRequest for one unit from a tasks.training.binding.DeviceRequest (or anything
+    with ``sku``, ``profile``, ``resource_id`` and ``region``)."""
+    sku = getattr(device, "sku", None)
+    profile = getattr(device, "profile", None)
+    resource_id = getattr(device, "resource_id", None)
+    region = getattr(device, "region", None)
+    if resource_id:
+        return JobRequest(job_id=job_id, priority=priority, profile=profile, resource_ids=(resource_id,))
+    return JobRequest(
+        job_id=job_id, priority=priority, profile=profile,
+        skus=(sku,) if sku else (), region=region,
+    )
+
+
+def _pinned_request(service: SchedulerService, device: Any, job_id: str, priority: int) -> JobRequest:
+    """A request pinned to a resource takes that resource's own kind and profile."""
+    res = service.inventory.resource(device.resource_id)
+    return JobRequest(
+        job_id=job_id, priority=priority, resource_ids=(res.resource_id,),
+        profile=None if res.kind == "device" else res.profile,
+    )
+
+
+def placement_for_train(
+    cluster: Any,
+    device: Any,
+    job_id: str,
+    *,
+    priority: int = 0,
+    preempt: bool = False,
+    wait_s: float = 0.0,
+    poll_s: float = 2.0,
+    train: dict[str, Any] | None = None,
+    config: SchedulerConfig | None = None,
+):  # -> tasks.training.binding.Binding (imported lazily: it pulls in torch)
+    """Lease ``device`` for ``job_id`` through the scheduler and bind torch to it.
+
+    A job the scheduler already runs: its binding at once. Otherwise it is submitted (a
+    refusal raises SubmissionRefused with the reason) and placed now if it can be, by
+    preempting lower priorities when ``preempt``; else retried every ``poll_s`` for
+    ``wait_s`` seconds. Still no room: the submission is withdrawn and NoCapacityError
+    raised, so the flow fails like an empty fleet did before (its task retries re-ask).
+    """
+    from tasks.training.binding import Binding, _sku_or_none, torch_device_for
+
+    service = SchedulerService.for_cluster(cluster, config)
+    inventory = service.inventory
+    known = {r.job_id: r for r in inventory.jobs() if r.job_id == job_id}
+    record = known.get(job_id)
+    if record is not None and not is_scheduled(record):
+        raise InvalidRequestError(
+            f"job id {job_id!r} is in the jobs registry but not as a scheduled job; use another id"
+        )
+    if record is None or record.state in ("finished", "failed"):
+        if getattr(device, "resource_id", None):
+            request = _pinned_request(service, device, job_id, priority)
+        else:
+            request = request_from_device(device, job_id, priority)
+        service.submit(request, train=train)
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        placement = service.place_one(job_id, preempt=preempt, ack_timeout_s=min(30.0, wait_s))
+        if placement is not None:
+            break
+        if time.monotonic() + poll_s > deadline:
+            service.cancel(job_id)
+            raise NoCapacityError(
+                f"no room for job {job_id!r} ({request_from_device(device, job_id, priority).describe()}) "
+                f"within {wait_s:g} s: "
+                "every matching unit is leased, cordoned or unhealthy; submit it to the queue "
+                "(`gpuflow schedule submit`) to wait its turn"
+            )
+        time.sleep(poll_s)
+    primary = placement.resource_ids[0]
+    resource = inventory.resource(primary)
+    lease = inventory.lease(primary)
+    if lease is None or lease.owner != job_id:
+        raise NoCapacityError(f"job {job_id!r} lost its lease on {primary} right after placement")
+    return Binding(resource, lease, _sku_or_none(resource.sku), torch_device_for(service.backend), service.backend.name)
+
+
+placement_for_train_task = task(
+    placement_for_train, name="place-job", retries=3, retry_delay_seconds=5, cache_policy=NONE
+)
