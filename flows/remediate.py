@@ -215,7 +215,8 @@ def remediate(
                 what = L.CHECKPOINT_WRITTEN if ck.how == "on-request" else L.CHECKPOINT_FALLBACK
                 ledger.add(iid, what, f"{ck.checkpoint_id or 'none: restarts from step 0'}"
                            + (f" ({ck.detail})" if ck.detail else ""), job_id=job.job_id)
-                mig = migrate_job_task(cluster, job, ck, reservations.pop(job.job_id), on_job_crash)
+                mig = migrate_job_task(cluster, job, ck, reservations[job.job_id], on_job_crash)
+                reservations.pop(job.job_id)  # used or given back by migrate itself
                 out.update(status=mig.status, target=mig.target, launcher=mig.launcher,
                            detail=mig.detail)
                 if mig.status == "resumed":
@@ -227,7 +228,7 @@ def remediate(
             result["jobs"][job.job_id] = out
             changed = True
     except Exception as exc:
-        for job_id, binding in reservations.items():
+        for job_id, binding in reservations.items():  # the ones no step has used
             release_reservation(cluster.get_inventory(), job_id, binding)
         ledger.add(iid, L.STEP_FAILED, f"{type(exc).__name__}: {exc}")
         if not moved and condition["present"] and undo_isolation(inventory, record, isolation):

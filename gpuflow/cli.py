@@ -496,6 +496,65 @@ def bench_cmd(
     console.print(f"saved {out}")
 
 
+# --- control plane ------------------------------------------------------------------------
+
+
+def _default_project_dir() -> Path:
+    """The checkout this gpuflow runs from (editable install), else the current folder."""
+    here = Path(__file__).resolve().parents[1]
+    return here if (here / "prefect.yaml").is_file() else Path.cwd()
+
+
+@app.command("up")
+@_clean_errors
+def up_cmd(
+    project_dir: Annotated[Path | None, typer.Option(help="The gpuflow checkout (holds prefect.yaml).")] = None,
+    prefect_port: Annotated[int, typer.Option(help="Prefect server port (0 = any free).")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow server port (0 = any free).")] = 5000,
+    workers: Annotated[int, typer.Option(help="Process workers to start.")] = 1,
+    prefect_database_url: Annotated[str | None, typer.Option(envvar="GPUFLOW_PREFECT_DATABASE_URL", help="PostgreSQL URL for Prefect (default SQLite).")] = None,
+    mlflow_backend_uri: Annotated[str | None, typer.Option(envvar="GPUFLOW_MLFLOW_BACKEND_URI", help="MLflow backend store URL (default SQLite).")] = None,
+    mlflow_artifacts: Annotated[str | None, typer.Option(help="MLflow artifact destination (e.g. s3://bucket/mlflow).")] = None,
+    no_deploy: Annotated[bool, typer.Option("--no-deploy", help="Skip `prefect deploy --all`.")] = False,
+) -> None:
+    """Start a local control plane: Prefect server, MLflow server, work pool, Blocks, deployments, workers."""
+    from pydantic import SecretStr
+
+    from gpuflow import controlplane
+
+    with console.status("gpuflow up") as status:
+        plane = controlplane.up(
+            project_dir or _default_project_dir(), prefect_port=prefect_port, mlflow_port=mlflow_port,
+            workers=workers,
+            prefect_database_url=SecretStr(prefect_database_url) if prefect_database_url else None,
+            mlflow_backend_uri=SecretStr(mlflow_backend_uri) if mlflow_backend_uri else None,
+            mlflow_artifacts=mlflow_artifacts, deploy=not no_deploy,
+            report=lambda msg: status.update(f"gpuflow up: {msg}"),
+        )
+    table = Table(title="gpuflow control plane")
+    table.add_column("what")
+    table.add_column("where")
+    table.add_row("Prefect UI", plane.prefect_ui_url)
+    table.add_row("Prefect API", plane.prefect_api_url)
+    table.add_row("MLflow", plane.mlflow_url)
+    table.add_row("work pool", plane.pool)
+    table.add_row("deployments", "\n".join(plane.deployments) or "-")
+    for s in plane.services:
+        table.add_row(s.name, f"pid {s.pid}, log {s.log}")
+    console.print(table)
+    console.print("use it from a shell:  " + "  ".join(f"export {k}={v}" for k, v in plane.client_env().items()))
+
+
+@app.command("down")
+@_clean_errors
+def down_cmd() -> None:
+    """Stop what `gpuflow up` started, and only that."""
+    from gpuflow import controlplane
+
+    stopped = controlplane.down(report=lambda msg: console.print(msg))
+    console.print(f"stopped {len(stopped)} process(es)")
+
+
 # --- demo -------------------------------------------------------------------------------
 
 

@@ -13,9 +13,12 @@ single-tensor cut between decoder blocks).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
+import os
+import shutil
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -188,6 +191,55 @@ def export_model(
     return exported
 
 
+def _cache_key(model_name: str, seed: int, opset: int, overrides: dict | None) -> str:
+    blob = json.dumps(
+        [model_name, seed, opset, overrides or {}, torch.__version__, onnx.__version__],
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def cached_export(
+    model_name: str,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    opset: int = DEFAULT_OPSET,
+    overrides: dict | None = None,
+) -> ExportedModel:
+    """export_model, reusing an earlier export of the same model, seed, opset and versions.
+
+    Exports are kept under GPUFLOW_HOME/cache/edge-exports; a redeploy of an unchanged model
+    skips the exporter (seconds for a small ResNet, a minute for ResNet-152). The files are
+    hard-linked into ``out_dir`` (copied across file systems).
+    """
+    from hardware.home import gpuflow_home
+
+    cache = gpuflow_home() / "cache" / "edge-exports" / _cache_key(
+        model_name, seed, opset, overrides
+    )
+    if not (cache / EXPORT_INFO_FILE).is_file():
+        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        export_model(model_name, tmp, seed=seed, opset=opset, overrides=overrides)
+        shutil.rmtree(cache, ignore_errors=True)
+        tmp.rename(cache)  # atomic: a half-written export is never found in the cache
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in cache.iterdir():
+        target = out_dir / item.name
+        target.unlink(missing_ok=True)
+        try:
+            os.link(item, target)
+        except OSError:
+            shutil.copy2(item, target)
+    info = json.loads((out_dir / EXPORT_INFO_FILE).read_text())
+    info["onnx_path"] = str(out_dir / f"{model_name}.onnx")
+    (out_dir / EXPORT_INFO_FILE).unlink()  # a hard link: rewrite without touching the cache
+    (out_dir / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return ExportedModel.from_dict(info)
+
+
 def torch_reference(
     model_name: str, inputs: np.ndarray, *, seed: int = 0, overrides: dict | None = None
 ) -> np.ndarray:
@@ -201,4 +253,4 @@ def torch_reference(
 from prefect import task  # noqa: E402  (thin wrapper kept at the bottom, as in tasks/training)
 from prefect.cache_policies import NONE  # noqa: E402
 
-export_task = task(export_model, name="edge-export", retries=1, cache_policy=NONE)
+export_task = task(cached_export, name="edge-export", retries=1, cache_policy=NONE)

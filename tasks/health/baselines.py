@@ -53,6 +53,22 @@ class RuleModel:
     def predict_risk(self, windows: np.ndarray) -> np.ndarray:
         return rule_scores(windows)
 
+    def top_features(self, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
+        """The rules that fired, with the newest bucket's value."""
+        out = []
+        for w in windows:
+            last = w[-1]
+            fired = {}
+            if last[_TEMP] > HOT_TEMPERATURE_C:
+                fired["temperature_c"] = float(last[_TEMP])
+            for j in _XID_CRITICAL:
+                if last[j] > 0:
+                    fired[FEATURES[j]] = float(last[j])
+            if last[_PENDING] > 0.5:
+                fired["remap_pending"] = 1.0
+            out.append(dict(list(fired.items())[:k]))
+        return out
+
 
 @dataclass(frozen=True)
 class GbtConfig:

@@ -20,8 +20,8 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -179,13 +179,7 @@ def sample_means(s: TelemetrySample, max_clock_mhz: float) -> tuple[float, ...]:
     )
 
 
-@dataclass(frozen=True)
-class DeviceKey:
-    node: str
-    index: int
-
-    def __str__(self) -> str:
-        return f"{self.node}:{self.index}"
+DeviceKey = tuple[str, int]  # (node, index)
 
 
 class FleetWindows:
@@ -225,11 +219,12 @@ class FleetWindows:
         return len(self.keys)
 
     def row(self, node: str, index: int) -> int | None:
-        return self._row.get(DeviceKey(node, index))
+        return self._row.get((node, index))
 
     def ensure(self, keys: Sequence[DeviceKey], max_clock_mhz: Sequence[float]) -> np.ndarray:
         """Row numbers of ``keys``, adding the unknown ones."""
-        new = [(k, c) for k, c in zip(keys, max_clock_mhz, strict=True) if k not in self._row]
+        row = self._row
+        new = [(k, c) for k, c in zip(keys, max_clock_mhz, strict=True) if k not in row]
         if new:
             start = len(self.keys)
             for i, (k, _) in enumerate(new):
@@ -257,7 +252,7 @@ class FleetWindows:
             self.last_flags = np.concatenate([self.last_flags, np.zeros((m, 2))])
             self.prev_temp = np.concatenate([self.prev_temp, np.full(m, np.nan)])
             self.last_ts = np.concatenate([self.last_ts, np.full(m, -np.inf)])
-        return np.asarray([self._row[k] for k in keys], dtype=np.int64)
+        return np.fromiter(map(row.__getitem__, keys), dtype=np.int64, count=len(keys))
 
     def reset_rows(self, rows: np.ndarray) -> None:
         """Forget the history of these devices (repaired, replaced, or back after a gap)."""
@@ -268,26 +263,58 @@ class FleetWindows:
         self.last_ts[rows] = -np.inf
 
     # -- updates --------------------------------------------------------------------
-    def update(self, samples: Sequence[TelemetrySample], max_clock_mhz: Sequence[float]) -> None:
-        """Add one sample per device (present devices only; lost ones are not scored)."""
+    def update(
+        self, samples: Sequence[TelemetrySample], max_clock_mhz: Sequence[float]
+    ) -> np.ndarray:
+        """Add one sample per device (present devices only; lost ones are not scored);
+        returns the samples' row numbers."""
         if len(samples) != len(max_clock_mhz):
             raise ValueError("samples and max_clock_mhz must have the same length")
         if not samples:
-            return
-        keys = [DeviceKey(s.node, s.index) for s in samples]
+            return np.zeros(0, dtype=np.int64)
+        keys = [(s.node, s.index) for s in samples]
         rows = self.ensure(keys, max_clock_mhz)
-        ts = np.asarray([s.timestamp_s for s in samples], dtype=np.float64)
-        means = np.asarray(
-            [sample_means(s, c) for s, c in zip(samples, self.max_clock_mhz[rows], strict=True)],
-            dtype=np.float64,
+        n = len(samples)
+
+        def col(get: Any) -> np.ndarray:
+            return np.fromiter(map(get, samples), dtype=np.float64, count=n)
+
+        ts = col(lambda s: s.timestamp_s)
+        temps = col(lambda s: s.temperature_c)
+        power_mw = col(lambda s: s.power_mw)
+        limit_mw = col(lambda s: s.power_limit_mw)
+        mem_total = col(lambda s: s.memory_total_mb)
+        max_clock = self.max_clock_mhz[rows]
+        reasons = [s.clock_event_reasons for s in samples]
+        means = np.empty((n, len(_MEAN_CHANNELS)))
+        means[:, 0] = (temps - REFERENCE_C) / np.maximum(power_mw / 1000.0, 1.0)
+        means[:, 1] = np.where(limit_mw > 0, power_mw / np.maximum(limit_mw, 1.0), 0.0)
+        means[:, 2] = np.where(
+            max_clock > 0, col(lambda s: s.sm_clock_mhz) / np.maximum(max_clock, 1.0), 0.0
         )
-        temps = np.asarray([s.temperature_c for s in samples], dtype=np.float64)
-        counters = np.asarray([sample_counters(s) for s in samples], dtype=np.float64)
-        flags = np.asarray(
-            [(s.remapped_rows_pending, s.remapped_rows_failure) for s in samples], dtype=np.float64
+        means[:, 3] = np.fromiter(
+            (bool(r) and not THERMAL_REASONS.isdisjoint(r) for r in reasons), dtype=bool, count=n
         )
-        xids = np.asarray([xid_class_counts(s.xids) for s in samples], dtype=np.float64)
+        means[:, 4] = np.fromiter((bool(r) and "SwPowerCap" in r for r in reasons), bool, n)
+        means[:, 5] = col(lambda s: s.utilization_ratio)
+        means[:, 6] = np.where(
+            mem_total > 0, col(lambda s: s.memory_used_mb) / np.maximum(mem_total, 1.0), 0.0
+        )
+        counters = np.empty((n, _N_COUNTERS))
+        counters[:, 0] = col(lambda s: s.ecc_corrected_total)
+        counters[:, 1] = col(lambda s: s.ecc_uncorrected_total)
+        counters[:, 2] = col(
+            lambda s: s.remapped_rows_correctable + s.remapped_rows_uncorrectable + s.retired_pages
+        )
+        flags = np.empty((n, 2))
+        flags[:, 0] = col(lambda s: s.remapped_rows_pending)
+        flags[:, 1] = col(lambda s: s.remapped_rows_failure)
+        xids = np.zeros((n, _N_XID_CLASSES))
+        for i, s in enumerate(samples):
+            if s.xids:  # rare: a loop over the few samples that carry XIDs
+                xids[i] = xid_class_counts(s.xids)
         self.update_arrays(rows, ts, temps, means, counters, flags, xids)
+        return rows
 
     def update_arrays(
         self,
@@ -420,7 +447,7 @@ class FleetWindows:
                         "window": self.window,
                         "bucket_s": self.bucket_s,
                         "features": list(FEATURES),
-                        "keys": [[k.node, k.index] for k in self.keys],
+                        "keys": [[n, i] for n, i in self.keys],
                     }
                 ).encode(),
                 dtype=np.uint8,
@@ -459,7 +486,7 @@ class FleetWindows:
                     f"{list(FEATURES)}; delete the file to start over"
                 )
             fw = cls(window=int(meta["window"]), bucket_s=float(meta["bucket_s"]))
-            fw.keys = [DeviceKey(str(n), int(i)) for n, i in meta["keys"]]
+            fw.keys = [(str(n), int(i)) for n, i in meta["keys"]]
             fw._row = {k: i for i, k in enumerate(fw.keys)}
             for name in (
                 "max_clock_mhz", "done", "n_done", "bucket_id", "acc_n", "acc_means",

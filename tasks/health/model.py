@@ -67,12 +67,20 @@ class HealthLSTM(nn.Module):
         self.register_buffer("std", torch.ones(n))
         self.register_buffer("calibration", torch.tensor([1.0, 0.0]))  # risk = sig(a*z + b)
         self.lstm = nn.LSTM(n, hidden, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(hidden, 1)
+        # The head also sees the newest bucket as it is: counters and flags that matter at
+        # their exact level need not squeeze through the LSTM's gates.
+        # Error-counter totals also go in on a linear scale (hundreds): whether 390 or 399
+        # errors have accumulated is lost in a standardized logarithm.
+        self.linear_idx = [i for i, f in enumerate(feature_names) if f.endswith("_total_log")]
+        self.head = nn.Sequential(
+            nn.Linear(hidden + n + len(self.linear_idx), hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std
         out, _ = self.lstm(z)
-        return self.head(out[:, -1]).squeeze(-1)
+        lin = torch.expm1(x[:, -1, self.linear_idx]) / 100.0
+        return self.head(torch.cat([out[:, -1], z[:, -1], lin], dim=1)).squeeze(-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.calibration[0], self.calibration[1]
@@ -136,7 +144,7 @@ class TrainConfig:
     pos_weight_max: float = 50.0
     patience: int = 3
     seed: int = 0
-    threads: int | None = None
+    threads: int | None = 1  # one thread: faster than two on a busy 2-core machine
 
     def __post_init__(self) -> None:
         for name in ("hidden", "layers", "epochs", "batch_size"):

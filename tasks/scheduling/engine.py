@@ -14,6 +14,7 @@ Rules it never breaks:
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -70,6 +71,13 @@ class Job:
     waiting_for: set[str] = field(default_factory=set)
     preemptions: int = 0
     ended_at_s: float | None = None
+    preemptible: bool = True
+    unit_key: tuple[str, str | None] = ("device", None)
+
+    def __post_init__(self) -> None:
+        req = self.request
+        self.preemptible = req.preemptible
+        self.unit_key = (req.kind, req.profile if req.kind == "mig" else None)
 
     @property
     def job_id(self) -> str:
@@ -98,6 +106,8 @@ class Engine:
         # Running jobs per pool, and their priorities: preemption looks only where it helps.
         self._running: dict[PoolKey, dict[str, None]] = {}
         self._running_prio: dict[PoolKey, Counter[int]] = {}
+        self._running_units: dict[PoolKey, Counter[int]] = {}  # units of preemptible jobs by priority
+        self._now_cache = 0.0
         # Whole-device units of running jobs per node (node-local gang preemption).
         self._node_jobs: dict[str, Counter[str]] = {}
 
@@ -299,9 +309,12 @@ class Engine:
             units = self._pick(job, pool, policy)
             if units:
                 return self._start(job, units, now)
-        if req.kind != "device" and not job.holds:
+        if not job.holds:
             for pool in self._ordered_pools(job, policy):
-                plan = self._propose(job, pool, policy)
+                if req.kind == "device":
+                    plan = self._propose_merge(job, pool)
+                else:
+                    plan = self._propose(job, pool, policy)
                 if plan is not None:
                     return plan
         return None
@@ -487,10 +500,12 @@ class Engine:
             return
         running = self._running.setdefault(key, {})
         prio = self._running_prio.setdefault(key, Counter())
+        units = self._running_units.setdefault(key, Counter())
         if on:
             running[job.job_id] = None
             if job.request.preemptible:
                 prio[job.priority] += 1
+                units[job.priority] += len(job.allocation)
             for u in job.allocation.values():
                 if u.kind == "device":
                     self._node_jobs.setdefault(u.node, Counter())[job.job_id] += 1
@@ -501,6 +516,9 @@ class Engine:
                     prio[job.priority] -= 1
                     if prio[job.priority] <= 0:
                         del prio[job.priority]
+                    units[job.priority] -= len(job.allocation)
+                    if units[job.priority] <= 0:
+                        del units[job.priority]
             for u in job.allocation.values():
                 if u.kind == "device":
                     c = self._node_jobs.get(u.node)
@@ -549,6 +567,54 @@ class Engine:
             kind=req.kind,
             resource_ids=tuple(u.rid for u in have[: req.min_units]),
             nodes=tuple(dict.fromkeys(s.node for s in steps)),
+            repartition=tuple(steps),
+        )
+
+    def _propose_merge(self, job: Job, pool: PoolKey) -> Placement | None:
+        """Whole devices wanted, too few free: merge idle cut devices back into whole ones."""
+        fleet = self.fleet
+        idle = [fleet.devices[u] for u in fleet.idle_parted.get(pool, {})]
+        if not idle:
+            return None
+        req = job.request
+        p = fleet.pools[pool]
+        if self._node_local(req, pool):
+            by_node: dict[str, list[Dev]] = {}
+            for d in idle:
+                by_node.setdefault(d.node, []).append(d)
+            choice = None
+            for node, devs in by_node.items():
+                if p.free_on(node) + len(devs) >= req.min_units:
+                    choice = node
+                    break
+            if choice is None:
+                return None
+            have = [fleet.units[r] for r in p.node_free.get(choice, {})][: req.min_units]
+            merge = by_node[choice][: req.min_units - len(have)]
+        else:
+            have = self._pick_whole(pool, min(req.min_units, p.whole_free), "binpack")
+            if len(have) + len(idle) < req.min_units:
+                return None
+            merge = idle[: req.min_units - len(have)]
+        steps = [
+            RepartitionStep(
+                job_id=job.job_id, node=d.node, index=d.index, device_uuid=d.uuid, sku=d.sku,
+                kind="mig" if d.mig else VDCU, destroy=tuple(d.parts), create=(), keep=(),
+            )
+            for d in merge
+        ]
+        for u in have:
+            fleet.set_holder(u, job.job_id)
+            job.holds[u.rid] = u
+        for d in merge:
+            for u in d.parts.values():
+                fleet.set_holder(u, job.job_id)
+                job.holds[u.rid] = u
+            fleet.set_pending(d, job.job_id)
+        job.pool_key = pool
+        return Placement(
+            job_id=job.job_id, region=pool[0], sku=pool[1], kind="device",
+            resource_ids=tuple(u.rid for u in have), nodes=tuple(dict.fromkeys(d.node for d in merge)),
             repartition=tuple(steps),
         )
 
@@ -707,6 +773,9 @@ class Engine:
                 job.holds[rid] = u
             out.append(u)
         fleet.set_pending(dev, None)
+        if not dev.parts and job is not None and job.state in (QUEUED, RESERVED) and dev.whole.free:
+            self._hold(job, dev.whole)  # merged back into a whole device, for this job
+            out.append(dev.whole)
         return out
 
     def abandon_repartition(self, step: RepartitionStep) -> None:
@@ -730,21 +799,34 @@ class Engine:
             return None
         req = job.request
         best: tuple[float, int, Preemption] | None = None
+        risk: dict[str, tuple[float, float] | None] = {}  # victim -> (cost, cost per unit)
         for pool in self._ordered_pools(job, req.policy or self.config.policy):
-            prio = self._running_prio.get(pool)
-            if not prio or min(prio) >= job.priority:
+            units = self._running_units.get(pool)
+            if not units or min(units) >= job.priority:
                 continue  # nobody lower here
-            plan = self._plan_in_pool(job, pool, now)
-            if plan is None:
-                continue
-            score = (plan.work_at_risk_s, len(plan.evictions))
-            if best is None or score < best[:2]:
-                best = (score[0], score[1], plan)
-        return best[2] if best else None
+            low = sum(n for prio, n in units.items() if prio < job.priority)
+            if low + self.fleet.free_count(pool, req.kind, req.profile) < req.min_units:
+                continue  # even evicting every lower job would not make room
+            plan = self._plan_in_pool(job, pool, now, risk, best[0] if best else math.inf)
+            if plan is not None:
+                # The job's most preferred pool where eviction makes room wins: a job that
+                # prefers H100 evicts there, not on the V100s where it happens to be cheaper.
+                return plan
+        return None
+
+    def _risk(self, vid: str, job: Job, now: float, cache: dict[str, tuple[float, float] | None]) -> tuple[float, float] | None:
+        """(work at risk, per allocated unit) of an eligible victim; None if not eligible."""
+        if vid in cache:
+            return cache[vid]
+        v = self.jobs[vid]
+        out = None
+        if v.state == RUNNING and v.request.preemptible and v.priority < job.priority and v.allocation:
+            cost = v.work_at_risk_s(now)
+            out = (cost, cost / len(v.allocation))
+        cache[vid] = out
+        return out
 
     def _victim_units(self, victim: Job, req: JobRequest, node: str | None = None) -> list[Unit]:
-        if victim.request.kind != req.kind:
-            return []
         units = list(victim.allocation.values())
         if req.kind == "mig":
             units = [u for u in units if u.profile == req.profile]
@@ -756,64 +838,146 @@ class Engine:
             units = [u for u in units if u.node == node]
         return units
 
-    def _candidates_for(self, job: Job, victims: Iterable[str], now: float, node: str | None) -> tuple[list[Candidate], list[Candidate]]:
-        """(tier 1: non-elastic jobs whole + elastic surplus; tier 2: everything whole)."""
-        tier1: list[Candidate] = []
-        tier2: list[Candidate] = []
-        req = job.request
-        for vid in victims:
-            v = self.jobs[vid]
-            if v.state != RUNNING or not v.request.preemptible or v.priority >= job.priority:
-                continue
-            units = self._victim_units(v, req, node)
-            if not units:
-                continue
-            cost = v.work_at_risk_s(now)
-            whole = Candidate(vid, tuple(u.rid for u in units), cost, v.priority)
-            tier2.append(whole)
-            surplus = len(v.allocation) - v.request.min_units
-            if v.request.elastic and surplus > 0:
-                give = tuple(u.rid for u in units[-surplus:])
-                tier1.append(Candidate(vid, give, cost, v.priority, shrink=True))
-            else:
-                tier1.append(whole)
-        return tier1, tier2
+    def _greedy_prefix(
+        self, entries: list[tuple[float, int, int, str, int, bool]], need: int
+    ) -> list[tuple[float, int, int, str, int, bool]] | None:
+        """The cheapest-per-unit entries, in order, until they cover ``need``: exactly the
+        part of the list the greedy of choose_victims looks at."""
+        if sum(e[4] for e in entries) < need:
+            return None
+        heapq.heapify(entries)
+        out = []
+        got = 0
+        while got < need:
+            e = heapq.heappop(entries)
+            out.append(e)
+            got += e[4]
+        return out
 
-    def _plan_in_pool(self, job: Job, pool: PoolKey, now: float) -> Preemption | None:
+    def _choices(self, job: Job, prefix: list[tuple[float, int, int, str, int, bool]], need: int, node: str | None) -> list[Choice] | None:
+        cands = []
+        for _cpu, prio, _neg, vid, _n, shrink in prefix:
+            v = self.jobs[vid]
+            units = self._victim_units(v, job.request, node)
+            cost = v.work_at_risk_s(self._now_cache)
+            if shrink:
+                surplus = len(v.allocation) - v.request.min_units
+                units = units[-surplus:]
+            cands.append(Candidate(vid, tuple(u.rid for u in units), cost, prio, shrink))
+        return choose_victims(need, cands)
+
+    def _entries(self, job: Job, vids: Iterable[tuple[str, int]], now: float, risk: dict[str, tuple[float, float] | None], elastic_whole: bool) -> list[tuple[float, int, int, str, int, bool]]:
+        """(cost per freed unit, priority, -units, victim, units, shrink) per eligible victim.
+        Tier 1 (``elastic_whole`` False) lets elastic jobs give only their surplus."""
+        out = []
+        for vid, n in vids:
+            r = self._risk(vid, job, now, risk)
+            if r is None or n <= 0:
+                continue
+            v = self.jobs[vid]
+            surplus = len(v.allocation) - v.request.min_units
+            if not elastic_whole and v.request.elastic and surplus > 0:
+                give = min(n, surplus)
+                out.append((r[0] / give, v.priority, -give, vid, give, True))
+            else:
+                out.append((r[0] / n, v.priority, -n, vid, n, False))
+        return out
+
+    def _useful_units(self, v: Job, req: JobRequest) -> int:
+        """How many of the victim's units the request could use (same kind and profile)."""
+        if v.request.kind != req.kind:
+            return 0
+        if req.kind == "device":
+            return len(v.allocation)
+        return len(self._victim_units(v, req))
+
+    def _plan_in_pool(self, job: Job, pool: PoolKey, now: float, risk: dict[str, tuple[float, float] | None], bound: float) -> Preemption | None:
         req = job.request
-        holds = sum(1 for u in job.holds.values() if u.pool == pool)
+        self._now_cache = now
         if req.kind == "device" and self._node_local(req, pool):
             p = self.fleet.pools[pool]
+            held = Counter(u.node for u in job.holds.values())
             best: tuple[float, int, str, list[Choice]] | None = None
             for node in p.nodes:
                 nj = self._node_jobs.get(node)
                 if not nj:
                     continue
-                need = req.min_units - p.free_on(node) - sum(
-                    1 for u in job.holds.values() if u.node == node
-                )
+                need = req.min_units - p.free_on(node) - held[node]
                 if need <= 0:
                     continue
-                if sum(nj.values()) < need:
+                # Lower bound: every freed unit costs at least the cheapest per-unit victim.
+                low = 0
+                cheapest = math.inf
+                for vid, n in nj.items():
+                    r = self._risk(vid, job, now, risk)
+                    if r is not None:
+                        low += n
+                        cheapest = min(cheapest, r[1])
+                if low < need:
                     continue
-                tier1, tier2 = self._candidates_for(job, nj, now, node)
-                choices = choose_victims(need, tier1) or choose_victims(need, tier2)
-                if choices is None:
+                limit = min(bound, best[0] if best else math.inf)
+                if cheapest * need >= limit and limit < math.inf:
+                    continue
+                for tier in (False, True):
+                    prefix = self._greedy_prefix(self._entries(job, nj.items(), now, risk, tier), need)
+                    if prefix is not None:
+                        break
+                if prefix is None:
+                    continue
+                choices = self._choices(job, prefix, need, node)
+                if not choices:
                     continue
                 score = (total_cost(choices), len(choices))
                 if best is None or score < best[:2]:
                     best = (score[0], score[1], node, choices)
+                    if best[0] == 0:
+                        break
             if best is None:
                 return None
             return self._preemption(job, pool, best[2], best[3], now)
-        need = req.min_units - holds - self.fleet.free_count(pool, req.kind, req.profile)
+        holds = sum(1 for u in job.holds.values() if u.pool == pool)
         if req.kind == VDCU:
             need = req.min_units - holds - len(self._vdcu_candidates(pool, req))
+        else:
+            need = req.min_units - holds - self.fleet.free_count(pool, req.kind, req.profile)
         if need <= 0:
             return None
-        tier1, tier2 = self._candidates_for(job, self._running.get(pool, {}), now, None)
-        choices = choose_victims(need, tier1) or choose_victims(need, tier2)
-        if choices is None:
+        running = self._running.get(pool, {})
+        jobs = self.jobs
+        prio = job.priority
+        key = (req.kind, req.profile if req.kind == "mig" else None)
+        sized = req.kind == VDCU and (req.compute_units or req.memory_mb)
+        tier1: list[tuple[float, int, int, str, int, bool]] = []
+        tier2: list[tuple[float, int, int, str, int, bool]] = []
+        fmod = math.fmod
+        # The hot loop of a preemption decision: thousands of running jobs in a big pool.
+        for vid in running:
+            v = jobs[vid]
+            if v.state != RUNNING or v.priority >= prio or not v.preemptible or v.unit_key != key:
+                continue
+            n = len(v.allocation)
+            useful = len(self._victim_units(v, req)) if sized else n
+            if not useful:
+                continue
+            since = now - v.checkpoint_at_s
+            if since < 0:
+                since = 0.0
+            if v.checkpoint_every_s:
+                since = fmod(since, v.checkpoint_every_s)
+            cost = since * n
+            entry = (cost / useful, v.priority, -useful, vid, useful, False)
+            tier2.append(entry)
+            surplus = n - v.request.min_units
+            if surplus > 0 and v.request.elastic:
+                give = min(useful, surplus)
+                tier1.append((cost / give, v.priority, -give, vid, give, True))
+            else:
+                tier1.append(entry)
+        prefix = self._greedy_prefix(tier1, need) or self._greedy_prefix(tier2, need)
+        if prefix is None:
+            return None
+        choices = self._choices(job, prefix, need, None)
+        if not choices:
             return None
         return self._preemption(job, pool, None, choices, now)
 
@@ -1034,22 +1198,46 @@ class Engine:
         elastic growth. Returns the decisions taken, in order; state is already updated."""
         out: list[object] = []
         out.extend(self._reservations(now))
+        # Within a pass free capacity only shrinks, so a job shaped like one that could not
+        # be placed (or make room) cannot either: skip it. With a thousand waiting jobs of
+        # a few shapes this turns a pass from thousands of searches into a handful.
+        no_room: set[tuple[object, ...]] = set()
+        no_victims: set[tuple[object, ...]] = set()
         for job_id in self.queue:
             job = self.jobs[job_id]
             if job.state != QUEUED:
                 continue
-            placement = self.place(job_id, now)
-            if placement is not None:
-                out.append(placement)
-                continue
+            shape = self._shape(job)
+            if shape is not None and shape in no_room:
+                if job.waiting_for or (shape, job.priority) in no_victims:
+                    continue
+            else:
+                placement = self.place(job_id, now)
+                if placement is not None:
+                    out.append(placement)
+                    continue
+                if shape is not None:
+                    no_room.add(shape)
             if job.waiting_for:
                 continue
             plan = self.preempt(job_id, now)
             if plan is not None:
                 out.append(plan)
+            elif shape is not None:
+                no_victims.add((shape, job.priority))
         if self.config.grow_elastic:
             out.extend(self._grow(now))
         return out
+
+    def _shape(self, job: Job) -> tuple[object, ...] | None:
+        """What decides whether a job fits (None: it holds or pins units of its own)."""
+        req = job.request
+        if job.holds or req.resource_ids:
+            return None
+        return (
+            self._candidates(job), req.kind, req.profile, req.min_units, req.compute_units,
+            req.memory_mb, req.policy, req.region, req.skus,
+        )
 
     def _reservations(self, now: float) -> list[object]:
         out: list[object] = []

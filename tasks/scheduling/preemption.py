@@ -55,6 +55,16 @@ def choose_victims(need: int, candidates: Sequence[Candidate]) -> list[Choice] |
         if got - len(c.units) >= need:
             chosen.remove(c)
             got -= len(c.units)
+    # The greedy can take one big cheap-per-unit victim where one small one would do:
+    # a single victim covering the need alone, if cheaper, wins (the classic fix that
+    # bounds the greedy's error for covering problems).
+    single = min(
+        (c for c in usable if len(c.units) >= need),
+        key=lambda c: (c.cost, c.priority, len(c.units), c.job_id),
+        default=None,
+    )
+    if single is not None and single.cost < sum(c.cost for c in chosen):
+        chosen = [single]
     out: list[Choice] = []
     left = need
     for c in chosen:

@@ -44,6 +44,11 @@ class RepartitionStep:
             "nodes": [self.node],
             "mig-enabled": True,
         }
+        if not self.create and not self.keep:
+            # A merge: the device goes back to whole (MIG off; no vDCUs).
+            entry["mig-enabled"] = False
+            entry["mig-devices"] = {}
+            return entry
         if self.kind == "mig":
             counts = Counter(p for p, _, _ in self.keep) + Counter(r.profile for r in self.create)
             entry["mig-devices"] = dict(sorted(counts.items()))

@@ -553,10 +553,16 @@ class SchedulerService:
     def _apply_step(self, step: RepartitionStep) -> list[tuple[str, PartitionRequest, int, int | None]]:
         backend = self.backend
         assert backend is not None
-        if step.kind == "mig" and not backend.partition_mode(step.node, step.index):
+        if step.create and step.kind == "mig" and not backend.partition_mode(step.node, step.index):
             backend.set_partition_mode(step.node, step.index, True)
         if step.destroy:
             backend.destroy_partitions(step.node, step.index, list(step.destroy))
+        if not step.create:
+            # A merge back into a whole device: MIG mode off (a MIG-mode GPU without
+            # instances runs nothing); vDCUs need no mode change.
+            if step.kind == "mig" and backend.partition_mode(step.node, step.index):
+                backend.set_partition_mode(step.node, step.index, False)
+            return []
         made = backend.create_partitions(step.node, step.index, list(step.create))
         return [
             (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -75,3 +76,29 @@ def test_warmup_runs_are_excluded_and_median_taken() -> None:
 def test_profile_rejects_bad_counts(exported_digits) -> None:
     with pytest.raises(ValueError, match="runs must be >= 1"):
         profile_nodes(exported_digits.onnx_path, exported_digits.sample_inputs(), runs=0)
+
+
+def test_cached_export_reuses_an_earlier_export(tmp_path, exported_digits, monkeypatch) -> None:
+    import shutil
+
+    from tasks.edge import export as export_mod
+    from tasks.edge.export import ExportedModel, cached_export
+
+    calls = []
+
+    def fake_export(model_name, out_dir, **kwargs):  # stands in for the slow exporter
+        calls.append(model_name)
+        Path(out_dir).mkdir(parents=True)
+        shutil.copy(exported_digits.onnx_path, Path(out_dir) / f"{model_name}.onnx")
+        shutil.copy(exported_digits.onnx_path.parent / EXPORT_INFO_FILE, out_dir)
+        return exported_digits
+
+    monkeypatch.setattr(export_mod, "export_model", fake_export)
+    first = cached_export("resnet18-digits", tmp_path / "a")
+    second = cached_export("resnet18-digits", tmp_path / "b")
+    assert calls == ["resnet18-digits"]  # the second deploy did not export again
+    assert second.onnx_path == tmp_path / "b" / "resnet18-digits.onnx"
+    assert second.onnx_path.read_bytes() == first.onnx_path.read_bytes()
+    assert ExportedModel.load(tmp_path / "b") == second
+    cached_export("resnet18-digits", tmp_path / "c", seed=1)
+    assert calls == ["resnet18-digits"] * 2  # another seed is another model

@@ -1,0 +1,84 @@
+"""Flow `monitor`: sample every device ─ update its window ─ score ─ emit on risk.
+
+Runs ``rounds`` samples ``interval_s`` apart (a deployment on an interval schedule of
+rounds x interval runs it back to back); the window state and the open incidents live
+under GPUFLOW_HOME/health/monitor, so each run continues the last one. A device at or
+above ``threshold`` (or gone: risk 1.0, "device lost") gets one
+``gpuflow.device.health-risk`` event per incident; the ``remediate`` deployment's trigger
+starts on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from tasks.cluster import load_cluster
+from tasks.health.monitor import (
+    DEFAULT_THRESHOLD,
+    RoundReport,
+    load_health_model_task,
+    run_monitor_task,
+    validate_thresholds,
+)
+from tasks.health.sampler import DEFAULT_INTERVAL_S, validate_interval_s
+
+
+@flow(name="monitor", log_prints=True)
+def monitor(
+    cluster_block: str | None = None,
+    rounds: int = 12,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    threshold: float = DEFAULT_THRESHOLD,
+    clear_threshold: float | None = None,
+    model_uri: str | None = None,
+    fast_forward: bool = False,
+) -> dict[str, Any]:
+    """Watch the fleet for ``rounds`` x ``interval_s`` seconds. ``model_uri``: None for the
+    registered champion (the threshold rules until one exists), "rules", or an MLflow
+    URI. ``fast_forward`` (twin only): advance the twin's clock instead of sleeping."""
+    logger = get_run_logger()
+    interval_s = validate_interval_s(interval_s)
+    validate_thresholds(threshold, clear_threshold)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    cluster = load_cluster(cluster_block)
+    backend = cluster.get_backend()
+    wait = None
+    if fast_forward:
+        advance = getattr(backend, "advance", None)
+        if advance is None:
+            raise ValueError(f"fast_forward needs the digital twin; this cluster runs "
+                             f"{backend.name!r}")
+        wait = advance
+    model, source = load_health_model_task(model_uri)
+    logger.info("monitor: %d rounds every %g s, threshold %g, model %s", rounds, interval_s,
+                threshold, source)
+    progress_id = create_progress_artifact(0.0, description=f"monitor: {rounds} rounds")
+
+    def on_round(i: int, report: RoundReport) -> None:
+        update_progress_artifact(progress_id, round(100.0 * (i + 1) / rounds, 1))
+        for e in report.emitted:
+            logger.warning("health-risk event %s for %s: risk %.3f (%s) %s", e["event_id"],
+                           e["device"], e["risk"], e["reason"], e["top_features"])
+        for key in report.cleared:
+            logger.info("incident closed for %s", key)
+
+    kwargs: dict[str, Any] = {"rounds": rounds, "interval_s": interval_s, "threshold": threshold,
+                              "clear_threshold": clear_threshold, "on_round": on_round}
+    if wait is not None:
+        kwargs["wait"] = wait
+    result = run_monitor_task(backend, model, **kwargs)
+    top = sorted(result.max_risk.items(), key=lambda kv: -kv[1])[:20]
+    create_table_artifact(
+        [{"device": k, "max_risk": v, "open_incident": k in result.open_incidents} for k, v in top],
+        key="monitor-risks",
+        description=f"Highest risks of this run (model {source})",
+    )
+    return {**result.to_dict(), "model": source}

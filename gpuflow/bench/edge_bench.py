@@ -1,0 +1,202 @@
+"""`gpuflow bench edge`: the whole model vs a k-shard chain, served over OIP on this machine.
+
+Every configuration is measured side by side in one run, under the same load:
+
+- whole: the unsplit model in one shard server pinned to one core (one edge box);
+- k-shard chains (k = 2 and 4), shard i pinned to core i mod cores (one box per shard when
+  there are enough cores; on a smaller machine the emulated boxes share cores, which caps
+  the pipelined gain at the core count), each run both ways: forwarding (each server calls
+  the next) and driver (the client calls every shard in turn).
+
+For each: single-request latency p50/p99 (one request at a time), pipelined throughput
+(2k requests in flight, closed loop), per-hop overhead ((chain p50 - whole p50) / (k-1))
+and the plan's balance (slowest shard / ideal) for the DP split and the equal-operator
+split. Every server runs onnxruntime with one intra-op thread. Slicing can raise pipelined
+throughput (at most k-fold, bounded by the slowest shard) but adds hops to a single
+request; the seed document's claim for ResNet-152 over 4 nodes (78 ms -> 29 ms) is set
+against what is measured here (``seed_claim``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
+from tasks.edge.export import ExportedModel, cached_export
+from tasks.edge.nodes import EdgeNode
+from tasks.edge.package import package_plan
+from tasks.edge.planning import PlanResult, plan_shards
+from tasks.edge.profile import NodeProfile, profile_nodes
+from tasks.edge.verify import check_chain, measure_chain
+
+Report = Callable[[str], None]
+SEED_CLAIM = {"model": "resnet152", "nodes": 4, "before_ms": 78.0, "after_ms": 29.0}
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _nodes(k: int, cores: list[int]) -> list[EdgeNode]:
+    return [
+        EdgeNode(name=f"bench-{i}", cpus=[cores[i % len(cores)]], intra_op_threads=1)
+        for i in range(k)
+    ]
+
+
+def _serve(
+    exported: ExportedModel,
+    profile: NodeProfile,
+    k: int,
+    mode: str,
+    cores: list[int],
+    requests: int,
+    tag: str,
+) -> tuple[dict[str, float], PlanResult]:
+    """Package, launch, check and measure one configuration; always stops its servers."""
+    nodes = _nodes(k, cores)
+    result = plan_shards(exported, profile, nodes, k)
+    name = f"bench-{tag}"
+    version = new_version(name)
+    root = name_dir(name) / version
+    packaged = package_plan(
+        exported.onnx_path, result.cuts, result.dp, root / "shards",
+        source_model=exported.model_name, opset=exported.opset, version=version,
+        segment_ms=result.segment_ms,
+    )
+    deployment = Deployment(name, version, exported.model_name, mode, "new")  # type: ignore[arg-type]
+    launch(deployment, [p.directory for p in packaged], nodes, ready_timeout_s=120.0)
+    try:
+        check = check_chain(deployment, exported, samples=2)
+        if not check.passed:
+            raise RuntimeError(f"{tag}: chain output differs from the model: {check}")
+        metrics = measure_chain(
+            deployment, exported, requests=requests, in_flight=max(2, 2 * k), warmup=2
+        )
+        metrics["max_abs_diff"] = check.max_abs_diff
+    finally:
+        stop_deployment(deployment)
+    return metrics, result
+
+
+def _bench_model(
+    model: str, ks: list[int], requests: int, cores: list[int], work: Path, report: Report
+) -> dict[str, dict[str, Any]]:
+    report(f"{model}: export")
+    started = time.perf_counter()
+    exported = cached_export(model, work / model)
+    export_s = time.perf_counter() - started
+    report(f"{model}: profile")
+    profile = profile_nodes(
+        exported.onnx_path, exported.sample_inputs(), runs=7, warmup=2, intra_op_threads=1
+    )
+    report(f"{model}: whole model")
+    whole, whole_plan = _serve(exported, profile, 1, "forward", cores, requests, f"{model}-k1")
+    sections: dict[str, dict[str, Any]] = {
+        f"{model} whole": {
+            "export_s": export_s,
+            "profiled_ms": sum(whole_plan.segment_ms),
+            "cut_points": len(whole_plan.cuts.cuts),
+            "latency_p50_ms": whole["latency_p50_ms"],
+            "latency_p99_ms": whole["latency_p99_ms"],
+            "throughput_rps": whole["throughput_rps"],
+            "in_flight": int(whole["in_flight"]),
+        }
+    }
+    for k in ks:
+        row: dict[str, Any] = {}
+        for mode, short in (("forward", "fwd"), ("driver", "drv")):
+            report(f"{model}: {k} shards, {mode}")
+            metrics, plan = _serve(
+                exported, profile, k, mode, cores, requests, f"{model}-k{k}-{mode}"
+            )
+            if not row:
+                row.update(
+                    {
+                        "cut_tensors": ",".join(plan.cut_tensors()),
+                        "balance_dp": plan.dp.balance,
+                        "balance_equal_ops": plan.equal_ops.balance,
+                        "bottleneck_ms": plan.dp.bottleneck_ms,
+                        "bottleneck_equal_ops_ms": plan.equal_ops.bottleneck_ms,
+                        "ideal_speedup": sum(plan.segment_ms) / plan.dp.bottleneck_ms,
+                    }
+                )
+            row[f"{short}_latency_p50_ms"] = metrics["latency_p50_ms"]
+            row[f"{short}_latency_p99_ms"] = metrics["latency_p99_ms"]
+            row[f"{short}_throughput_rps"] = metrics["throughput_rps"]
+            row[f"{short}_latency_vs_whole"] = metrics["latency_p50_ms"] / whole["latency_p50_ms"]
+            row[f"{short}_throughput_vs_whole"] = (
+                metrics["throughput_rps"] / whole["throughput_rps"]
+            )
+            row[f"{short}_per_hop_overhead_ms"] = (
+                metrics["latency_p50_ms"] - whole["latency_p50_ms"]
+            ) / max(1, k - 1)
+            row[f"{short}_max_abs_diff"] = metrics["max_abs_diff"]
+        row["in_flight"] = 2 * k
+        row["emulated_nodes_share_cores"] = k > len(cores)
+        sections[f"{model} {k} shards"] = row
+    return sections
+
+
+def _seed_claim(sections: dict[str, dict[str, Any]], model: str, k: int) -> dict[str, Any]:
+    whole = sections.get(f"{model} whole")
+    chain = sections.get(f"{model} {k} shards")
+    if not whole or not chain:
+        return {"measured": f"not measured ({model}, {k} shards not in this run)"}
+    best_rps = max(chain["fwd_throughput_rps"], chain["drv_throughput_rps"])
+    claimed = SEED_CLAIM["before_ms"] / SEED_CLAIM["after_ms"]
+    return {
+        "claim": f"ResNet-152 over 4 edge nodes: 78 ms -> 29 ms ({claimed:.2f}x)",
+        "measured_on": f"{model}, {k} shards, {chain['in_flight']} in flight",
+        "whole_latency_ms": whole["latency_p50_ms"],
+        "chain_latency_ms": chain["fwd_latency_p50_ms"],
+        "single_request_speedup": whole["latency_p50_ms"] / chain["fwd_latency_p50_ms"],
+        "whole_interval_ms": 1000.0 / whole["throughput_rps"],
+        "chain_interval_ms": 1000.0 / best_rps,
+        "pipelined_speedup": best_rps / whole["throughput_rps"],
+        "claimed_speedup": claimed,
+        "dp_bound_speedup": chain["ideal_speedup"],
+    }
+
+
+def run(quick: bool = False, report: Report = print) -> dict:
+    """Whole model vs k-shard chains; ``quick`` uses a small ResNet and few requests."""
+    cores = _cores()
+    if quick:
+        plan = [("resnet18-digits", [2], 8)]
+    else:
+        plan = [("resnet50", [2, 4], 24), ("resnet152", [4], 12)]
+    result: dict[str, Any] = {
+        "setup": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": len(cores),
+            "onnxruntime_threads_per_server": 1,
+            "quick": quick,
+            "models": ",".join(m for m, _, _ in plan),
+        }
+    }
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuflow-edge-bench-{os.getpid()}"
+    bench_names: list[str] = []
+    try:
+        for model, ks, requests in plan:
+            sections = _bench_model(model, ks, requests, cores, work, report)
+            result.update(sections)
+            bench_names += [f"bench-{model}-k1"] + [
+                f"bench-{model}-k{k}-{m}" for k in ks for m in ("forward", "driver")
+            ]
+        model, k = ("resnet152", 4) if not quick else ("resnet18-digits", 2)
+        result["seed_claim"] = _seed_claim(result, model, k)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        for name in bench_names:  # the servers are stopped; their folders were scratch
+            shutil.rmtree(name_dir(name), ignore_errors=True)
+    return result

@@ -1,0 +1,266 @@
+"""The monitor's work: sample -> score -> emit, one event per device per incident.
+
+State under GPUFLOW_HOME/health/monitor/ so consecutive runs (a deployment on an interval
+schedule) continue: ``windows.npz`` (every device's feature window) and
+``incidents.json`` (the open incidents: which devices already had their event). An
+incident opens when a device's risk reaches the threshold (or it is lost / failed) and
+emits ``gpuflow.device.health-risk`` once; it closes when the risk falls below the clear
+threshold (hysteresis, so a risk hovering at the threshold does not emit on every run),
+or when a lost device answers again (repaired), and only then can the device emit again.
+A lock file keeps two monitor runs from interleaving their state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from hardware.backend import Backend
+from hardware.home import gpuflow_home
+from tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
+from tasks.health.features import FleetWindows
+from tasks.health.model import HealthModel
+from tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
+from tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks
+
+DEFAULT_THRESHOLD = 0.85
+CLEAR_RATIO = 0.8  # default clear threshold: 80 % of the alarm threshold
+
+
+def monitor_dir(home: Path | None = None) -> Path:
+    return (home or gpuflow_home()) / "health" / "monitor"
+
+
+def validate_thresholds(threshold: float, clear_threshold: float | None) -> tuple[float, float]:
+    """(threshold, clear threshold); clear defaults to CLEAR_RATIO x threshold."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    clear = threshold * CLEAR_RATIO if clear_threshold is None else clear_threshold
+    if isinstance(clear, bool) or not isinstance(clear, int | float) or not 0.0 <= clear <= threshold:
+        raise ValueError(
+            f"clear_threshold must be in [0, threshold={threshold}], got {clear_threshold!r}"
+        )
+    return float(threshold), float(clear)
+
+
+class IncidentBook:
+    """Open incidents per device (``node:index``), saved as JSON."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.open: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+                self.open = dict(data.get("open", {}))
+            except (json.JSONDecodeError, AttributeError):
+                self.open = {}  # a damaged book: at worst one event is sent again
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".incidents-", suffix=".json", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"open": self.open}, fh, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+@dataclass
+class RoundReport:
+    risks: list[DeviceRisk]
+    emitted: list[dict[str, Any]] = field(default_factory=list)
+    cleared: list[str] = field(default_factory=list)
+
+
+def _is_forced(r: DeviceRisk) -> bool:
+    return r.reason == DEVICE_LOST_REASON or r.reason.startswith(DEVICE_FAILED_REASON)
+
+
+def apply_round(
+    risks: list[DeviceRisk],
+    book: IncidentBook,
+    threshold: float,
+    clear_threshold: float,
+    emit: Callable[..., str] = emit_health_risk,
+    now_s: float | None = None,
+) -> RoundReport:
+    """Open / close incidents for one round of risks; emit for the newly opened."""
+    now_s = time.time() if now_s is None else now_s
+    report = RoundReport(risks)
+    seen = set()
+    for r in risks:
+        key = f"{r.node}:{r.index}"
+        seen.add(key)
+        inc = book.open.get(key)
+        if inc is not None:
+            lost_now = r.reason == DEVICE_LOST_REASON
+            if inc["reason"] == DEVICE_LOST_REASON and not lost_now:
+                # It answers again: repaired. A fresh incident may open below.
+                book.open.pop(key)
+                report.cleared.append(key)
+                inc = None
+            elif not _is_forced(r) and r.risk < clear_threshold:
+                book.open.pop(key)
+                report.cleared.append(key)
+                continue
+            else:
+                inc["last_risk"] = r.risk
+                inc["last_seen_s"] = now_s
+                continue
+        if r.risk >= threshold:
+            event_id = emit(r.node, r.index, r.risk, r.top_features, r.sku, reason=r.reason)
+            book.open[key] = {
+                "event_id": event_id,
+                "opened_s": now_s,
+                "risk": r.risk,
+                "last_risk": r.risk,
+                "last_seen_s": now_s,
+                "reason": r.reason,
+                "sku": r.sku,
+                "top_features": r.top_features,
+            }
+            report.emitted.append({"device": key, "event_id": event_id, "risk": r.risk,
+                                   "reason": r.reason, "top_features": r.top_features})
+    # Devices that left the fleet (decommissioned, twin reset) close their incidents.
+    for key in [k for k in book.open if k not in seen]:
+        book.open.pop(key)
+        report.cleared.append(key)
+    return report
+
+
+@contextlib.contextmanager
+def monitor_lock(state_dir: Path) -> Iterator[None]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "monitor.lock", "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+@dataclass
+class MonitorResult:
+    rounds: int
+    devices: int
+    emitted: list[dict[str, Any]]
+    cleared: list[str]
+    open_incidents: dict[str, dict[str, Any]]
+    max_risk: dict[str, float]  # per device over the run
+    score_s: float  # time spent scoring (not sampling or waiting)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "devices": self.devices,
+            "emitted": self.emitted,
+            "cleared": self.cleared,
+            "open_incidents": self.open_incidents,
+            "max_risk": self.max_risk,
+            "score_s": round(self.score_s, 4),
+        }
+
+
+def run_monitor(
+    backend: Backend,
+    model: HealthModel,
+    rounds: int = 12,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    threshold: float = DEFAULT_THRESHOLD,
+    clear_threshold: float | None = None,
+    wait: Callable[[float], object] = time.sleep,
+    emit: Callable[..., str] = emit_health_risk,
+    state_dir: Path | None = None,
+    on_round: Callable[[int, RoundReport], None] | None = None,
+) -> MonitorResult:
+    """``rounds`` samples of every device ``interval_s`` apart; each one scored, incidents
+    opened (event emitted) and closed; the state saved after every round."""
+    interval_s = validate_interval_s(interval_s)
+    threshold, clear = validate_thresholds(threshold, clear_threshold)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    state_dir = state_dir or monitor_dir()
+    with monitor_lock(state_dir):
+        win_path = state_dir / "windows.npz"
+        windows = FleetWindows.load_or_new(win_path, window=model.window)
+        book = IncidentBook(state_dir / "incidents.json")
+        scorer = FleetScorer(model, windows, explain_above=min(clear, threshold))
+        sampler = TelemetrySampler(backend, interval_s, wait=wait)
+        emitted: list[dict[str, Any]] = []
+        cleared: list[str] = []
+        max_risk: dict[str, float] = {}
+        devices = 0
+        score_s = 0.0
+        for i, fleet in enumerate(sampler.rounds(rounds)):
+            t0 = time.perf_counter()
+            risks = scorer.score_round(fleet, max_clocks(sampler, fleet))
+            score_s += time.perf_counter() - t0
+            report = apply_round(risks, book, threshold, clear, emit)
+            windows.save(win_path)
+            book.save()
+            devices = len(risks)
+            emitted += report.emitted
+            cleared += report.cleared
+            for r in risks:
+                key = f"{r.node}:{r.index}"
+                max_risk[key] = max(max_risk.get(key, 0.0), round(r.risk, 6))
+            if on_round is not None:
+                on_round(i, report)
+        return MonitorResult(rounds, devices, emitted, cleared, dict(book.open), max_risk, score_s)
+
+
+# -- which model -------------------------------------------------------------------------------
+
+RULES_URI = "rules"
+
+
+def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
+    """(model, where it came from). None: the registered champion, or the threshold rules
+    when none is registered yet (so a fresh install still watches its fleet); "rules":
+    the rules; any other string: an MLflow model URI (``models:/name@alias``, ``runs:/``)."""
+    from tasks.health.baselines import RuleModel
+    from tasks.health.features import WINDOW_BUCKETS
+    from tasks.health.model import champion_uri, load_champion
+
+    if model_uri == RULES_URI:
+        return RuleModel(WINDOW_BUCKETS), RULES_URI
+    if model_uri is None:
+        try:
+            return load_champion(), champion_uri()
+        except LookupError:
+            return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
+    import mlflow
+
+    from tasks.health.model import HealthLSTM
+    from tasks.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
+    if not isinstance(model, HealthLSTM):
+        raise ValueError(f"{model_uri} is a {type(model).__name__}, not a HealthLSTM")
+    model.eval()
+    return model, model_uri
+
+
+# -- Prefect tasks -----------------------------------------------------------------------------
+
+
+load_health_model_task = task(load_health_model, name="load-health-model", retries=2,
+                              retry_delay_seconds=2, cache_policy=NONE)
+run_monitor_task = task(run_monitor, name="monitor-rounds", cache_policy=NONE)

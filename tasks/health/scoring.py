@@ -1,0 +1,111 @@
+"""Scoring a whole fleet at once: samples -> windows -> risks, vectorized.
+
+The window state of every device lives in one FleetWindows (numpy arrays), the model
+scores all windows in one batch, and only the few devices above the threshold get the
+slower per-feature explanation. Devices that are gone score 1.0 without a model ("device
+lost"), as do devices whose sample carries a failure XID (an uncorrectable memory error
+or a remap failure: the device has failed, its jobs with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hardware.backend import Backend
+from tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
+from tasks.health.features import FEATURES, FleetWindows
+from tasks.health.model import HealthModel
+from tasks.health.sampler import FleetSample, TelemetrySampler
+
+# XIDs that are the failure itself, not a warning of it (hardware.sim.faults ends HBM
+# degradations with these; XID 48 is a double-bit error).
+FAILURE_XIDS = frozenset({48, 64, 94, 95})
+DEVICE_FAILED_REASON = "device failed"
+
+
+def explain(model: Any, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
+    """Top features per window when the model can say (HealthLSTM, rules), else {}."""
+    fn = getattr(model, "top_features", None)
+    if fn is None or not len(windows):
+        return [{} for _ in range(len(windows))]
+    return fn(windows, k)
+
+
+class FleetScorer:
+    """Keeps the fleet's windows and scores every device from each new round of samples."""
+
+    def __init__(
+        self,
+        model: HealthModel,
+        windows: FleetWindows | None = None,
+        explain_above: float = 0.5,
+    ) -> None:
+        self.model = model
+        self.windows = windows or FleetWindows(window=model.window)
+        if self.windows.window != model.window:
+            raise ValueError(
+                f"window state holds {self.windows.window} buckets, the model reads {model.window}"
+            )
+        if tuple(model.feature_names) != FEATURES:
+            raise ValueError("the model was trained on other features than this code computes")
+        self.explain_above = explain_above
+
+    def score_round(self, fleet: FleetSample, max_clock_mhz: Sequence[float]) -> list[DeviceRisk]:
+        """Update the windows with one round and score every device of it."""
+        rows = self.windows.update(fleet.samples, max_clock_mhz)
+        out: list[DeviceRisk] = []
+        if fleet.samples:
+            win = self.windows.windows(rows)
+            risk = self.model.predict_risk(win)
+            hot = np.flatnonzero(risk >= self.explain_above)
+            reasons = dict(zip(hot.tolist(), explain(self.model, win[hot]), strict=True))
+            for i, s in enumerate(fleet.samples):
+                dev = fleet.devices.get((s.node, s.index))
+                sku = dev.sku if dev else ""
+                failed = sorted(set(s.xids) & FAILURE_XIDS)
+                if failed:
+                    out.append(DeviceRisk(
+                        s.node, s.index, sku, 1.0,
+                        {"xid": float(failed[0]),
+                         "ecc_uncorrected_total": float(s.ecc_uncorrected_total)},
+                        f"{DEVICE_FAILED_REASON} (XID {'/'.join(map(str, failed))})",
+                    ))
+                    continue
+                out.append(DeviceRisk(s.node, s.index, sku, float(risk[i]), reasons.get(i, {})))
+        for lost in fleet.lost:
+            d = lost.device
+            out.append(DeviceRisk(d.node, d.index, d.sku, 1.0, {"present": 0.0},
+                                  DEVICE_LOST_REASON))
+        return out
+
+
+def max_clocks(sampler: TelemetrySampler, fleet: FleetSample) -> list[float]:
+    return [
+        sampler.max_clock_mhz(fleet.devices[(s.node, s.index)])
+        if (s.node, s.index) in fleet.devices else 0.0
+        for s in fleet.samples
+    ]
+
+
+def score_fleet(
+    backend: Backend,
+    model: HealthModel | None = None,
+    scorer: FleetScorer | None = None,
+    sampler: TelemetrySampler | None = None,
+) -> list[DeviceRisk]:
+    """One sample of every device, scored. Without a ``scorer`` the windows start empty
+    (a device's single sample stands for its whole window): pass the monitor's scorer to
+    continue its state. Without a ``model``: the registered champion."""
+    if scorer is None:
+        if model is None:
+            from tasks.health.model import load_champion
+
+            model = load_champion()
+        scorer = FleetScorer(model)
+    sampler = sampler or TelemetrySampler(backend)
+    fleet = sampler.sample_all()
+    return scorer.score_round(fleet, max_clocks(sampler, fleet))
+
