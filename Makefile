@@ -26,6 +26,7 @@ demo: $(VENV)/.installed
 	GPUFLOW_BACKEND=sim $(BIN)/gpuflow demo
 
 test: $(VENV)/.installed-dev
+	./scripts/install_browser.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

@@ -52,7 +52,10 @@ from tasks.health.model import (
 )
 
 Progress = Callable[[str, float], None]
-TUNE_GRID = tuple(np.round(np.concatenate([np.linspace(0.02, 0.2, 10), np.linspace(0.25, 0.95, 15)]), 3))
+# Calibrated risks of a 30-minute horizon are small: the grid is logarithmic below 0.1.
+TUNE_GRID = tuple(
+    float(x) for x in np.round(np.concatenate([np.logspace(-4, -1, 13), np.linspace(0.15, 0.95, 17)]), 6)
+)
 
 
 def score_split(model: Any, split: SplitData, batch: int = 100_000) -> np.ndarray:

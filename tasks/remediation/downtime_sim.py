@@ -207,12 +207,20 @@ def draw_failures(cfg: FleetConfig, seed: int) -> list[list[_Failure]]:
             if relabel:  # the same failure times, classes drawn from the overridden mix
                 kind = rng.choices(list(mix), weights=list(mix.values()))[0]
                 lead = lead_time_s(kind, rng)
-            t = d.onset_s + (lead if relabel else d.lead_s)
+            t = d.failure_s  # when it fails is the hazard model's; only its class changes
             if t < until:
                 per_job[ordinal // cfg.gpus_per_job].append(_Failure(t, kind, lead))
     for events in per_job:
         events.sort(key=lambda f: f.t_s)
     return per_job
+
+
+def _cycles(d: float, cycle: float) -> tuple[int, float]:
+    """Whole checkpoint cycles in ``d`` and what is left; no failures: no checkpoints."""
+    if not math.isfinite(cycle):
+        return 0, d
+    k = math.floor(d / cycle)
+    return k, d - k * cycle
 
 
 def _run_job(
@@ -243,9 +251,8 @@ def _run_job(
         if te < start:
             continue  # the job was restarting: nothing of it ran on that device
         d = te - start
-        k = math.floor(d / cycle)
-        r = d - k * cycle
-        out.productive_s += k * t_ckpt
+        k, r = _cycles(d, cycle)
+        out.productive_s += k * t_ckpt if k else 0.0  # (k = 0 when T is infinite)
         out.checkpoint_s += k * C
         if kind == "failure":
             out.failures += 1
@@ -258,7 +265,7 @@ def _run_job(
                 out.failures += 1
             else:
                 out.false_alarms += 1
-            if r < t_ckpt:  # checkpoint-and-stop now: the work so far is kept
+            if r < t_ckpt or not math.isfinite(cycle):  # checkpoint-and-stop now: work kept
                 out.productive_s += r
                 out.checkpoint_s += C
                 start = te + C + M
@@ -269,9 +276,8 @@ def _run_job(
             out.planned_s += M
     if start < horizon:  # the horizon is a cut, not a failure: work done so far counts
         d = horizon - start
-        k = math.floor(d / cycle)
-        r = d - k * cycle
-        out.productive_s += k * t_ckpt + min(r, t_ckpt)
+        k, r = _cycles(d, cycle)
+        out.productive_s += (k * t_ckpt if k else 0.0) + min(r, t_ckpt)
         out.checkpoint_s += k * C + max(r - t_ckpt, 0.0)
     out.wall_s += horizon
 

@@ -897,7 +897,9 @@ class Engine:
         if req.kind == "device" and self._node_local(req, pool):
             p = self.fleet.pools[pool]
             held = Counter(u.node for u in job.holds.values())
-            best: tuple[float, int, str, list[Choice]] | None = None
+            # Branch and bound: a lower bound per node first (every freed unit costs at
+            # least its cheapest victim's per-unit work), exact plans in bound order.
+            bounds: list[tuple[float, str, int]] = []
             for node in p.nodes:
                 nj = self._node_jobs.get(node)
                 if not nj:
@@ -905,26 +907,29 @@ class Engine:
                 need = req.min_units - p.free_on(node) - held[node]
                 if need <= 0:
                     continue
-                # Lower bound: every freed unit costs at least the cheapest per-unit victim.
                 low = 0
                 cheapest = math.inf
                 for vid, n in nj.items():
-                    r = self._risk(vid, job, now, risk)
+                    r = risk[vid] if vid in risk else self._risk(vid, job, now, risk)
                     if r is not None:
                         low += n
-                        cheapest = min(cheapest, r[1])
-                if low < need:
-                    continue
-                limit = min(bound, best[0] if best else math.inf)
-                if cheapest * need >= limit and limit < math.inf:
-                    continue
+                        if r[1] < cheapest:
+                            cheapest = r[1]
+                if low >= need:
+                    bounds.append((cheapest * need, node, need))
+            bounds.sort()
+            best: tuple[float, int, str, list[Choice]] | None = None
+            for lb, node, need in bounds:
+                if best is not None and lb >= best[0]:
+                    break
+                nj = self._node_jobs[node]
+                choices = None
                 for tier in (False, True):
-                    prefix = self._greedy_prefix(self._entries(job, nj.items(), now, risk, tier), need)
-                    if prefix is not None:
-                        break
-                if prefix is None:
-                    continue
-                choices = self._choices(job, prefix, need, node)
+                    entries = self._entries(job, nj.items(), now, risk, tier)
+                    if sum(e[4] for e in entries) >= need:
+                        choices = self._choices(job, entries, need, node)
+                        if choices:
+                            break
                 if not choices:
                     continue
                 score = (total_cost(choices), len(choices))
@@ -949,6 +954,8 @@ class Engine:
         sized = req.kind == VDCU and (req.compute_units or req.memory_mb)
         tier1: list[tuple[float, int, int, str, int, bool]] = []
         tier2: list[tuple[float, int, int, str, int, bool]] = []
+        single: tuple[float, int, int, str, int, bool] | None = None  # cheapest lone cover
+        single_cost = math.inf
         fmod = math.fmod
         # The hot loop of a preemption decision: thousands of running jobs in a big pool.
         for vid in running:
@@ -967,6 +974,8 @@ class Engine:
             cost = since * n
             entry = (cost / useful, v.priority, -useful, vid, useful, False)
             tier2.append(entry)
+            if useful >= need and cost < single_cost:
+                single, single_cost = entry, cost
             surplus = n - v.request.min_units
             if surplus > 0 and v.request.elastic:
                 give = min(useful, surplus)
@@ -974,6 +983,8 @@ class Engine:
             else:
                 tier1.append(entry)
         prefix = self._greedy_prefix(tier1, need) or self._greedy_prefix(tier2, need)
+        if prefix is not None and single is not None and single[3] not in {e[3] for e in prefix}:
+            prefix.append(single)
         if prefix is None:
             return None
         choices = self._choices(job, prefix, need, None)

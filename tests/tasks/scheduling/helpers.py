@@ -1,0 +1,24 @@
+"""Helpers for the scheduler tests: small in-memory fleets."""
+
+from __future__ import annotations
+
+from hardware.skus import SKUS
+from tasks.scheduling.engine import Engine
+from tasks.scheduling.model import SchedulerConfig
+
+A100 = "NVIDIA A100-SXM4-40GB"
+A100_80 = "NVIDIA A100-SXM4-80GB"
+V100 = "Tesla V100-SXM2-32GB"
+DCU = "Hygon DCU Z100"
+
+
+def make_engine(nodes: list[tuple[str, str, str, int]], **config) -> Engine:
+    """nodes: (name, region, SKU, devices). Device uuids read "<node>-<index>"."""
+    engine = Engine(SchedulerConfig(**config))
+    for name, region, sku, count in nodes:
+        engine.fleet.add_node(name, region)
+        spec = SKUS[sku]
+        kinds = ("mig",) if spec.supports_mig else ("vdcu",) if spec.supports_vdcu else ()
+        for i in range(count):
+            engine.fleet.add_device(name, i, f"{name}-{i}", sku, spec.vendor, spec.memory_total_mb, kinds)
+    return engine

@@ -1,0 +1,128 @@
+"""Priority preemption: who is evicted, what they free, and that they come back."""
+
+from __future__ import annotations
+
+from tasks.scheduling.model import JobRequest, Placement, Preemption
+from tasks.scheduling.preemption import Candidate, choose_victims
+from tests.tasks.scheduling.helpers import A100, V100, make_engine
+
+
+def _req(job_id: str, **kw) -> JobRequest:
+    return JobRequest(job_id=job_id, **kw)
+
+
+def test_choose_victims_least_work_then_prunes() -> None:
+    cands = [
+        Candidate("old", ("a", "b"), cost=1000.0, priority=0),
+        Candidate("fresh", ("c",), cost=10.0, priority=0),
+        Candidate("mid", ("d",), cost=300.0, priority=0),
+    ]
+    picked = choose_victims(2, cands)
+    assert [c.candidate.job_id for c in picked] == ["fresh", "mid"]
+    assert choose_victims(5, cands) is None
+    assert choose_victims(0, cands) == []
+    # The greedy would take the big job that is cheapest per unit; one small job does it.
+    cands = [Candidate("big", tuple("abcdefgh"), cost=80.0, priority=0),
+             Candidate("small", ("z",), cost=20.0, priority=0)]
+    assert [c.candidate.job_id for c in choose_victims(1, cands)] == ["small"]
+    # A shrinking elastic job gives only what is needed.
+    (c,) = choose_victims(1, [Candidate("el", ("x", "y", "z"), 5.0, 0, shrink=True)])
+    assert c.release == ("x",)
+
+
+def test_preempts_the_victim_with_least_work_at_risk() -> None:
+    engine = make_engine([("n0", "r1", A100, 2)])
+    engine.submit(_req("old"), 0)
+    engine.submit(_req("fresh"), 0)
+    engine.schedule(0)
+    engine.report_checkpoint("old", 10, "step-000000010")
+    engine.report_checkpoint("fresh", 95, "step-000000095")
+    engine.submit(_req("urgent", priority=5), 100)
+    (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
+    (e,) = plan.evictions
+    assert (e.job_id, e.action) == ("fresh", "preempt") and e.work_at_risk_s == 5.0
+    assert engine.jobs["fresh"].state == "stopping" and engine.jobs["old"].state == "running"
+    # Nothing is placed until the victim has stopped; then its device goes to the preemptor.
+    assert not [d for d in engine.schedule(101) if isinstance(d, Placement)]
+    engine.stopped("fresh", 102, "step-000000102")
+    assert engine.jobs["urgent"].holds  # earmarked capacity is held for it
+    (p,) = [d for d in engine.schedule(103) if isinstance(d, Placement)]
+    assert p.job_id == "urgent" and p.resource_ids == (e.release[0],)
+    victim = engine.jobs["fresh"]
+    assert victim.state == "queued" and victim.last_checkpoint_id == "step-000000102"
+    assert victim.preemptions == 1
+    engine.finish("urgent", 200)
+    (p,) = [d for d in engine.schedule(200) if isinstance(d, Placement)]
+    assert p.job_id == "fresh"  # it resumes when room returns
+    assert engine.audit() == []
+
+
+def test_never_evicts_equal_priority_or_non_preemptible() -> None:
+    engine = make_engine([("n0", "r1", A100, 2)])
+    engine.submit(_req("peer", priority=5), 0)
+    engine.submit(_req("pinned-down", preemptible=False), 0)
+    engine.schedule(0)
+    engine.submit(_req("urgent", priority=5), 1)
+    assert engine.schedule(1) == []
+    assert {j.state for j in engine.jobs.values()} == {"running", "queued"}
+
+
+def test_victims_come_from_the_right_pool_only() -> None:
+    engine = make_engine([("a0", "r1", A100, 1), ("v0", "r1", V100, 1)])
+    engine.submit(_req("on-a100", skus=("a100-40gb",)), 0)
+    engine.submit(_req("on-v100", skus=("v100",)), 0)
+    engine.schedule(0)
+    engine.submit(_req("wants-a100", skus=("a100-40gb",), priority=9), 1)
+    (plan,) = [d for d in engine.schedule(1) if isinstance(d, Preemption)]
+    assert [e.job_id for e in plan.evictions] == ["on-a100"] and plan.sku == A100
+
+
+def test_node_local_gang_evicts_on_the_cheapest_node() -> None:
+    engine = make_engine([("n0", "r1", A100, 4), ("n1", "r1", A100, 4)])
+    for j in "abcd":
+        engine.submit(_req(j, count=2), 0)
+    engine.schedule(0)
+    node_of = {j: next(iter(job.allocation.values())).node for j, job in engine.jobs.items()}
+    assert sorted(node_of.values()) == ["n0", "n0", "n1", "n1"]
+    # The jobs on n1 checkpointed recently: evicting there loses less.
+    for j, node in node_of.items():
+        engine.report_checkpoint(j, 90 if node == "n1" else 10)
+    engine.submit(_req("gang", count=4, priority=3), 100)
+    (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
+    assert plan.node == "n1"
+    assert sorted(e.job_id for e in plan.evictions) == sorted(j for j, n in node_of.items() if n == "n1")
+    for e in plan.evictions:
+        engine.stopped(e.job_id, 110)
+    (p,) = [d for d in engine.schedule(110) if isinstance(d, Placement)]
+    assert p.job_id == "gang" and p.nodes == ("n1",) and len(p.resource_ids) == 4
+    assert engine.audit() == []
+
+
+def test_elastic_job_shrinks_instead_of_being_evicted() -> None:
+    engine = make_engine([("n0", "r1", A100, 4)], node_local_gangs=False)
+    engine.submit(_req("el", count=2, max_count=4), 0)
+    engine.schedule(0)
+    assert len(engine.jobs["el"].allocation) == 4
+    engine.submit(_req("urgent", count=2, priority=5), 10)
+    (plan,) = [d for d in engine.schedule(10) if isinstance(d, Preemption)]
+    (e,) = plan.evictions
+    assert e.action == "shrink" and len(e.release) == 2
+    engine.stopped("el", 20, "step-000000020")
+    decisions = [d for d in engine.schedule(20) if isinstance(d, Placement)]
+    assert {p.job_id: len(p.resource_ids) for p in decisions} == {"urgent": 2, "el": 2}
+    assert engine.audit() == []
+
+
+def test_failure_requeues_from_checkpoint_and_frees_for_the_preemptor() -> None:
+    engine = make_engine([("n0", "r1", A100, 1)])
+    engine.submit(_req("low"), 0)
+    engine.schedule(0)
+    engine.submit(_req("high", priority=1), 5)
+    engine.schedule(5)
+    # The victim crashes instead of acknowledging: it goes back to the queue all the same,
+    # and what it held still reaches the job it was stopping for.
+    engine.fail("low", 6, requeue=True)
+    assert engine.jobs["low"].state == "queued"
+    (p,) = [d for d in engine.schedule(7) if isinstance(d, Placement)]
+    assert p.job_id == "high"
+    assert engine.audit() == []
