@@ -107,7 +107,7 @@ def _stage_figure(result: PlanResult):
     return fig
 
 
-@flow(name="edge-deploy", log_prints=True)
+@flow(name="edge_deploy", log_prints=True)
 def edge_deploy(
     model: str = "resnet18-digits",
     shards: int | None = None,

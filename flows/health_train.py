@@ -39,7 +39,7 @@ def health_train(
     threshold: float = DEFAULT_THRESHOLD,
     lead_min_s: float = DEFAULT_LEAD_MIN_S,
     cache: bool = True,
-    register: bool = True,
+    register_model: bool = True,
     model_name: str = REGISTERED_MODEL,
     alias: str = CHAMPION_ALIAS,
     experiment: str = EXPERIMENT,
@@ -49,6 +49,7 @@ def health_train(
     logger = get_run_logger()
     history = history or (HistoryConfig.small() if quick else HistoryConfig())
     training = training or (TrainConfig.small() if quick else TrainConfig())
+    gbt = gbt or (GbtConfig(max_iter=50) if quick else GbtConfig())
     progress_id = create_progress_artifact(0.0, description="health_train progress")
 
     def progress(message: str, fraction: float) -> None:
@@ -65,7 +66,7 @@ def health_train(
         history=fleet_history, progress=progress,
     )
     outcome.history_cached = cached
-    recorded = log_outcome_task(outcome, experiment=experiment, register=register,
+    recorded = log_outcome_task(outcome, experiment=experiment, register=register_model,
                                 model_name=model_name, alias=alias)
     update_progress_artifact(progress_id, 100.0)
     create_markdown_artifact(comparison_markdown(outcome, recorded), key="health-model-test-split",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -154,9 +155,10 @@ def remediate(
     condition = device_condition(backend, record)
     result["condition"] = condition
     ledger = L.Ledger(inventory.url)
+    worker = _run_id()
     incident, duplicate = open_incident(
         ledger, inventory, record, trigger=trigger, reason=reason, risk=risk,
-        features=features, event_id=event_id, condition=condition,
+        features=features, event_id=event_id, condition=condition, claim_by=worker,
     )
     iid = incident.incident_id
     result.update(incident_id=iid, duplicate=duplicate)
@@ -164,7 +166,48 @@ def remediate(
         logger.info("event %s was handled by incident %s (%s): nothing to do", event_id, iid, incident.status)
         return result | {"status": incident.status}
     if duplicate == "device":
+        if not ledger.claim(iid, worker):
+            logger.info("%s: incident %s is being handled by another run: nothing to do", ref, iid)
+            return result | {"status": incident.status, "busy": True}
         logger.info("%s already has incident %s (%s): re-checking it", ref, iid, incident.status)
+    try:
+        return _steps(cluster, inventory, backend, ledger, incident, duplicate, record, condition,
+                      policy, channel, result, reason, trigger, risk, logger)
+    finally:
+        ledger.release_claim(iid, worker)
+
+
+def _run_id() -> str:
+    try:
+        from prefect.runtime import flow_run
+
+        if flow_run.id:
+            return f"flow-run-{flow_run.id}"
+    except Exception:  # noqa: BLE001 - outside a run: any unique id will do
+        pass
+    return f"remediate-{uuid.uuid4().hex[:12]}"
+
+
+def _steps(
+    cluster: GpuCluster,
+    inventory: Any,
+    backend: Any,
+    ledger: L.Ledger,
+    incident: L.Incident,
+    duplicate: str | None,
+    record: Any,
+    condition: dict[str, Any],
+    policy: RemediationPolicy,
+    channel: NotificationBlock | None,
+    result: dict[str, Any],
+    reason: str,
+    trigger: str,
+    risk: float | None,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> dict[str, Any]:
+    """isolate, fail over, reserve, checkpoint, migrate, close, notify (the incident is ours)."""
+    iid = incident.incident_id
+    ref = result["device"]
     if not condition["present"] and duplicate is None and trigger == "predicted":
         ledger.add(iid, L.DEVICE_LOST, "; ".join(condition["reasons"]))
 
@@ -230,6 +273,11 @@ def remediate(
     except Exception as exc:
         for job_id, binding in reservations.items():  # the ones no step has used
             release_reservation(cluster.get_inventory(), job_id, binding)
+        for job in jobs:
+            if job.job_id not in result["jobs"]:
+                # Whatever it does next (it may still answer a pending stop), it stays
+                # findable: the next run for this device takes a stopped job over.
+                _mark(inventory, job.job_id, record.uuid, iid)
         ledger.add(iid, L.STEP_FAILED, f"{type(exc).__name__}: {exc}")
         if not moved and condition["present"] and undo_isolation(inventory, record, isolation):
             ledger.add(iid, L.CORDON_UNDONE, "nothing was moved")
@@ -240,7 +288,7 @@ def remediate(
         raise
 
     waiting = [j for j, o in result["jobs"].items() if o["status"] != "resumed"]
-    status = "waiting-capacity" if waiting else "done"
+    status = "waiting" if waiting else "done"
     ledger.set_status(iid, status)
     result["status"] = status
     if duplicate is None or changed:
@@ -249,6 +297,16 @@ def remediate(
         logger.info("incident %s: nothing changed; no new notification", iid)
         result["notified"] = False
     return result
+
+
+def _mark(inventory: Any, job_id: str, device_uuid: str, incident_id: str) -> None:
+    try:
+        current = inventory.job(job_id)
+        if (current.info.get("remediation") or {}).get("device_uuid") != device_uuid:
+            inventory.set_job_state(job_id, current.state, remediation={
+                "device_uuid": device_uuid, "incident": incident_id, "cause": "failed step"})
+    except Exception:  # noqa: BLE001 - best effort on the failure path
+        logging.getLogger(__name__).exception("could not mark job %s", job_id)
 
 
 def _report(

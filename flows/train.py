@@ -14,6 +14,7 @@ from prefect import flow, get_run_logger
 
 from blocks.checkpoint_storage import CheckpointStorage
 from tasks.cluster import load_cluster
+from tasks.remediation.launch import remember_launch
 from tasks.tracking import flat_params, use_experiment
 from tasks.training.binding import DeviceRequest
 from tasks.training.job import (
@@ -28,7 +29,14 @@ from tasks.training.loop import trained_model
 from tasks.training.spec import TrainSpec
 
 
-@flow(name="train", log_prints=True)
+def _on_failure(flow, flow_run, state) -> None:
+    # Imported here: flows/remediate.py imports this module's neighbours, not the reverse.
+    from flows.remediate import remediate_on_train_failure
+
+    remediate_on_train_failure(flow, flow_run, state)
+
+
+@flow(name="train", log_prints=True, on_failure=[_on_failure])
 def train(
     spec: TrainSpec,
     device: DeviceRequest | None = None,
@@ -57,6 +65,8 @@ def train(
     client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()])
 
     binding = acquire_task(cluster, device, spec.job_id)
+    # How to relaunch this job elsewhere if its device fails (remediation reads it).
+    remember_launch(cluster.get_inventory(), spec, storage, device, launcher="deployment", run_id=run_id)
     res = binding.resource
     for key, value in {
         "gpuflow.node": res.node, "gpuflow.device_index": str(res.device_index),

@@ -30,6 +30,19 @@ app.add_typer(hw_app, name="hw")
 hw_app.add_typer(partition_app, name="partition")
 app.add_typer(sim_app, name="sim")
 
+
+def _mount_capabilities() -> None:
+    """Each capability keeps its verbs in its own module (gpuflow/cli_<area>.py)."""
+    from gpuflow import cli_edge, cli_health, cli_remediate, cli_schedule
+
+    app.add_typer(cli_health.app, name="health")
+    app.add_typer(cli_remediate.app, name="remediate")
+    app.add_typer(cli_schedule.app, name="schedule")
+    app.add_typer(cli_edge.app, name="edge")
+
+
+_mount_capabilities()
+
 # Piped output (CI logs, `| less`) gets a table wide enough for nvidia-smi-like rows.
 console = Console(width=None if Console().is_terminal else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay one greppable line

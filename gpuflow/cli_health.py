@@ -81,8 +81,8 @@ def train_cmd(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     try:
-        result = health_train(history=history, training=training, threshold=threshold,
-                              register=register, cache=cache)
+        result = health_train(history=history, training=training, quick=quick,
+                              threshold=threshold, register_model=register, cache=cache)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     console.print(comparison_table(result["summary"]))
@@ -165,7 +165,8 @@ def status_cmd() -> None:
     from tasks.health.monitor import IncidentBook, monitor_dir
     from tasks.tracking import tracking_uri
 
-    client = MlflowClient(tracking_uri())
+    uri = tracking_uri()
+    client = MlflowClient(uri, registry_uri=uri)
     try:
         mv = client.get_model_version_by_alias(REGISTERED_MODEL, CHAMPION_ALIAS)
     except MlflowException:

@@ -121,5 +121,5 @@ def remediate_cmd(
         console.print_json(json.dumps(result, default=str))
     else:
         _show(result)
-    if result.get("status") == "waiting-capacity":
+    if result.get("status") == "waiting":
         raise typer.Exit(3)  # nothing lost, but not every job runs: scripts should know

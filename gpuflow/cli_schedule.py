@@ -22,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console(width=None if Console().is_terminal else 160)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # a refusal stays one greppable line
 
 F = TypeVar("F", bound=Callable[..., Any])
 

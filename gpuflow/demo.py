@@ -91,11 +91,27 @@ def run_demo(console: Console) -> dict[str, Any]:
                 storage=CheckpointStorage(),
             )
 
+        def predicted_fault() -> None:
+            from tasks.remediation.demo import predicted_fault_tour
+
+            results["fault"] = predicted_fault_tour(report=lambda _msg: None)
+
+        def edge() -> None:
+            from flows.edge_deploy import edge_deploy
+            from tasks.edge.deploy import teardown
+
+            try:
+                results["edge"] = edge_deploy(model="resnet18-digits", shards=3, measure_requests=20)
+            finally:
+                teardown("resnet18-digits")  # the tour leaves no shard server running
+
         steps = [
             ("discover the fleet", discover),
             ("apply partition plan 'tour'", partition),
             ("refuse an impossible plan", refuse_impossible),
             ("compare precision: fp32 vs auto (train flow x2, MLflow)", compare),
+            ("predicted fault: HBM degradation -> monitor -> remediate", predicted_fault),
+            ("edge deploy: slice resnet18-digits over 3 loopback nodes", edge),
         ]
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -120,6 +136,19 @@ def run_demo(console: Console) -> dict[str, Any]:
 
         auto = results["compare"]["rows"][0]
         console.print(comparison_table(results["compare"]["rows"]))
+        fault = results["fault"]
+        console.print(Panel.fit(
+            "\n".join(f"{k}: {v}" for k, v in fault.items() if k != "timeline")
+            + "\ntimeline: " + " -> ".join(fault.get("timeline", [])),
+            title="predicted fault and its remediation",
+        ))
+        edge = results["edge"]
+        console.print(
+            f"edge: {len(edge['addresses'])} shards at {', '.join(edge['addresses'])}, cut at "
+            f"{', '.join(edge['cut_tensors'])}; balance {edge['balance']:.3f} "
+            f"(equal-op split {edge['balance_equal_ops']:.3f}); chain matches the whole model: "
+            f"{edge['check']['passed']} (max abs diff {edge['check']['max_abs_diff']:.1e})"
+        )
         summary.update(
             devices=len(rows),
             skus=len(skus),
@@ -128,12 +157,21 @@ def run_demo(console: Console) -> dict[str, Any]:
             layout_unchanged=results["unchanged"],
             speedup_auto=round(auto["speedup"], 2),
             convergence_delta_auto=f"{100 * auto['convergence_delta']:.3f} %",
+            steps_lost=fault.get("steps lost"),
+            job_moved_to=fault.get("moved to"),
+            device_cordoned=fault.get("cordoned"),
+            edge_balance=round(edge["balance"], 3),
             mlflow_parent_run=results["compare"]["parent_run_id"],
             seconds=round(time.perf_counter() - started, 1),
         )
         console.print(Panel.fit(
             "\n".join(f"{k}: {v}" for k, v in summary.items()), title="tour summary"
         ))
+        console.print(
+            "where to look: `gpuflow up` starts the Prefect UI (flow runs, artifacts) and the "
+            "MLflow UI (experiments gpuflow-compare-precision, gpuflow-train, gpuflow-edge); "
+            f"this tour's local MLflow store is {home / 'mlflow'}"
+        )
     finally:
         if previous_home is None:
             os.environ.pop("GPUFLOW_HOME", None)

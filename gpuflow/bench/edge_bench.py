@@ -22,10 +22,14 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
 from tasks.edge.export import ExportedModel, cached_export
@@ -33,7 +37,7 @@ from tasks.edge.nodes import EdgeNode
 from tasks.edge.package import package_plan
 from tasks.edge.planning import PlanResult, plan_shards
 from tasks.edge.profile import NodeProfile, profile_nodes
-from tasks.edge.verify import check_chain, measure_chain
+from tasks.edge.verify import check_chain
 
 Report = Callable[[str], None]
 SEED_CLAIM = {"model": "resnet152", "nodes": 4, "before_ms": 78.0, "after_ms": 29.0}
@@ -53,44 +57,76 @@ def _nodes(k: int, cores: list[int]) -> list[EdgeNode]:
     ]
 
 
-def _serve(
-    exported: ExportedModel,
-    profile: NodeProfile,
-    k: int,
-    mode: str,
-    cores: list[int],
-    requests: int,
-    tag: str,
-) -> tuple[dict[str, float], PlanResult]:
-    """Package, launch, check and measure one configuration; always stops its servers."""
+@dataclass
+class _Config:
+    """One served configuration: whole model (k=1) or a k-shard chain in one mode."""
+
+    label: str
+    k: int
+    mode: str
+    plan: PlanResult
+    deployment: Deployment
+    infer: Callable[[dict], dict]
+    close: Callable[[], None]
+    latencies_s: list[float] = field(default_factory=list)
+    throughputs_rps: list[float] = field(default_factory=list)
+    pipelined_p50_s: list[float] = field(default_factory=list)
+    max_abs_diff: float = 0.0
+
+
+def _start(
+    exported: ExportedModel, profile: NodeProfile, k: int, mode: str, cores: list[int], tag: str
+) -> _Config:
+    """Plan, package and launch one configuration, and check it against the whole model."""
+    from tasks.edge.serving.chain import ChainDriver
+    from tasks.edge.serving.client import OipClient
+
     nodes = _nodes(k, cores)
     result = plan_shards(exported, profile, nodes, k)
     name = f"bench-{tag}"
     version = new_version(name)
-    root = name_dir(name) / version
     packaged = package_plan(
-        exported.onnx_path, result.cuts, result.dp, root / "shards",
+        exported.onnx_path, result.cuts, result.dp, name_dir(name) / version / "shards",
         source_model=exported.model_name, opset=exported.opset, version=version,
         segment_ms=result.segment_ms,
     )
     deployment = Deployment(name, version, exported.model_name, mode, "new")  # type: ignore[arg-type]
     launch(deployment, [p.directory for p in packaged], nodes, ready_timeout_s=120.0)
     try:
+        if mode == "forward":
+            client = OipClient(deployment.addresses[0], timeout_s=120.0)
+            head = deployment.model_names[0]
+
+            def infer(x: dict) -> dict:
+                return client.infer(head, x)
+
+            close = client.close
+        else:
+            driver = ChainDriver(deployment.addresses, deployment.model_names, timeout_s=120.0)
+            infer, close = driver.infer, driver.close
         check = check_chain(deployment, exported, samples=2)
         if not check.passed:
             raise RuntimeError(f"{tag}: chain output differs from the model: {check}")
-        metrics = measure_chain(
-            deployment, exported, requests=requests, in_flight=max(2, 2 * k), warmup=2
-        )
-        metrics["max_abs_diff"] = check.max_abs_diff
-    finally:
+    except BaseException:
         stop_deployment(deployment)
-    return metrics, result
+        raise
+    label = "whole" if k == 1 else f"{k} shards {mode}"
+    config = _Config(label, k, mode, result, deployment, infer, close)
+    config.max_abs_diff = check.max_abs_diff
+    return config
 
 
 def _bench_model(
     model: str, ks: list[int], requests: int, cores: list[int], work: Path, report: Report
 ) -> dict[str, dict[str, Any]]:
+    """All configurations of one model served at once and measured interleaved.
+
+    Latency: request r goes to every configuration in turn before request r+1, so load
+    from anything else on the machine falls on all of them alike. Throughput: three
+    rounds, each running every configuration's pipelined batch in turn; the median round.
+    """
+    from tasks.edge.serving.chain import run_pipelined
+
     report(f"{model}: export")
     started = time.perf_counter()
     exported = cached_export(model, work / model)
@@ -99,26 +135,55 @@ def _bench_model(
     profile = profile_nodes(
         exported.onnx_path, exported.sample_inputs(), runs=7, warmup=2, intra_op_threads=1
     )
-    report(f"{model}: whole model")
-    whole, whole_plan = _serve(exported, profile, 1, "forward", cores, requests, f"{model}-k1")
+    configs: list[_Config] = []
+    try:
+        report(f"{model}: start the whole model and the chains")
+        configs.append(_start(exported, profile, 1, "forward", cores, f"{model}-k1"))
+        for k in ks:
+            for mode in ("forward", "driver"):
+                configs.append(_start(exported, profile, k, mode, cores, f"{model}-k{k}-{mode}"))
+        sample = exported.sample_inputs(batch=1, seed=7)
+        for config in configs:  # warm-up
+            for _ in range(2):
+                config.infer(sample)
+        report(f"{model}: latency, {requests} interleaved requests")
+        for _ in range(requests):
+            for config in configs:
+                t0 = time.perf_counter()
+                config.infer(sample)
+                config.latencies_s.append(time.perf_counter() - t0)
+        for round_ in range(3):
+            report(f"{model}: pipelined throughput, round {round_ + 1}/3")
+            for config in configs:
+                in_flight = max(2, 2 * config.k)
+                run = run_pipelined(config.infer, [sample] * max(requests, 2 * in_flight), in_flight)
+                config.throughputs_rps.append(run.throughput_rps)
+                config.pipelined_p50_s.append(run.latency_percentile_s(50))
+    finally:
+        for config in configs:
+            config.close()
+            stop_deployment(config.deployment)
+
+    def p(config: _Config, q: float) -> float:
+        return float(np.percentile(np.asarray(config.latencies_s) * 1000.0, q))
+
+    whole = configs[0]
+    whole_rps = statistics.median(whole.throughputs_rps)
     sections: dict[str, dict[str, Any]] = {
         f"{model} whole": {
             "export_s": export_s,
-            "profiled_ms": sum(whole_plan.segment_ms),
-            "cut_points": len(whole_plan.cuts.cuts),
-            "latency_p50_ms": whole["latency_p50_ms"],
-            "latency_p99_ms": whole["latency_p99_ms"],
-            "throughput_rps": whole["throughput_rps"],
-            "in_flight": int(whole["in_flight"]),
+            "profiled_ms": sum(whole.plan.segment_ms),
+            "cut_points": len(whole.plan.cuts.cuts),
+            "latency_p50_ms": p(whole, 50),
+            "latency_p99_ms": p(whole, 99),
+            "throughput_rps": whole_rps,
+            "in_flight": 2,
         }
     }
     for k in ks:
         row: dict[str, Any] = {}
-        for mode, short in (("forward", "fwd"), ("driver", "drv")):
-            report(f"{model}: {k} shards, {mode}")
-            metrics, plan = _serve(
-                exported, profile, k, mode, cores, requests, f"{model}-k{k}-{mode}"
-            )
+        for config in (c for c in configs if c.k == k):
+            plan = config.plan
             if not row:
                 row.update(
                     {
@@ -130,17 +195,15 @@ def _bench_model(
                         "ideal_speedup": sum(plan.segment_ms) / plan.dp.bottleneck_ms,
                     }
                 )
-            row[f"{short}_latency_p50_ms"] = metrics["latency_p50_ms"]
-            row[f"{short}_latency_p99_ms"] = metrics["latency_p99_ms"]
-            row[f"{short}_throughput_rps"] = metrics["throughput_rps"]
-            row[f"{short}_latency_vs_whole"] = metrics["latency_p50_ms"] / whole["latency_p50_ms"]
-            row[f"{short}_throughput_vs_whole"] = (
-                metrics["throughput_rps"] / whole["throughput_rps"]
-            )
-            row[f"{short}_per_hop_overhead_ms"] = (
-                metrics["latency_p50_ms"] - whole["latency_p50_ms"]
-            ) / max(1, k - 1)
-            row[f"{short}_max_abs_diff"] = metrics["max_abs_diff"]
+            short = "fwd" if config.mode == "forward" else "drv"
+            rps = statistics.median(config.throughputs_rps)
+            row[f"{short}_latency_p50_ms"] = p(config, 50)
+            row[f"{short}_latency_p99_ms"] = p(config, 99)
+            row[f"{short}_throughput_rps"] = rps
+            row[f"{short}_latency_vs_whole"] = p(config, 50) / p(whole, 50)
+            row[f"{short}_throughput_vs_whole"] = rps / whole_rps
+            row[f"{short}_per_hop_overhead_ms"] = (p(config, 50) - p(whole, 50)) / (k - 1)
+            row[f"{short}_max_abs_diff"] = config.max_abs_diff
         row["in_flight"] = 2 * k
         row["emulated_nodes_share_cores"] = k > len(cores)
         sections[f"{model} {k} shards"] = row
@@ -174,7 +237,7 @@ def run(quick: bool = False, report: Report = print) -> dict:
     if quick:
         plan = [("resnet18-digits", [2], 8)]
     else:
-        plan = [("resnet50", [2, 4], 24), ("resnet152", [4], 12)]
+        plan = [("resnet50", [2, 4], 20), ("resnet152", [4], 12)]
     result: dict[str, Any] = {
         "setup": {
             "cpu": platform.processor() or platform.machine(),

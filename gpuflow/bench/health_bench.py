@@ -112,12 +112,23 @@ def bench_scoring(
     }
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run(quick: bool = False, report: Callable[[str], None] = print) -> dict[str, Any]:
     from tasks.health.history import HistoryConfig
     from tasks.health.pipeline import log_outcome, train_and_evaluate
 
     machine = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),

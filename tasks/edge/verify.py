@@ -39,9 +39,15 @@ class CheckResult:
 def reference_outputs(
     exported: ExportedModel, samples: list[dict[str, np.ndarray]]
 ) -> list[np.ndarray]:
-    """The whole model's outputs, computed in-process by onnxruntime."""
+    """The whole model's outputs, computed in-process by onnxruntime.
+
+    Graph optimisation is on, as in the shard servers: the optimised and unoptimised
+    kernels of ResNet-152 differ by ~7e-4 on their own, more than the check allows, while
+    optimised shards match the optimised whole model to ~1e-5.
+    """
     session = ort.InferenceSession(
-        str(exported.onnx_path), session_options(0), providers=["CPUExecutionProvider"]
+        str(exported.onnx_path), session_options(1, optimize=True),
+        providers=["CPUExecutionProvider"],
     )
     return [session.run([exported.output_name], s)[0] for s in samples]
 

@@ -308,8 +308,11 @@ def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> 
     from tasks.tracking import tracking_uri
 
     uri = tracking_uri()
+    # The registry follows the store explicitly: mlflow keeps a process-wide registry URI
+    # that would otherwise point at the first store this process used.
     mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
+    mlflow.set_registry_uri(uri)
+    client = MlflowClient(uri, registry_uri=uri)
     try:
         version = client.get_model_version_by_alias(name, alias)
     except MlflowException as exc:

@@ -251,6 +251,7 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
     from tasks.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_registry_uri(tracking_uri())
     model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
     if not isinstance(model, HealthLSTM):
         raise ValueError(f"{model_uri} is a {type(model).__name__}, not a HealthLSTM")

@@ -219,7 +219,9 @@ def log_outcome(
     from tasks.tracking import flat_params, tracking_uri, use_experiment
 
     experiment_id = use_experiment(experiment)
-    client = MlflowClient(tracking_uri())
+    uri = tracking_uri()
+    mlflow.set_registry_uri(uri)  # the registry lives in the same store (see load_champion)
+    client = MlflowClient(uri, registry_uri=uri)
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or "health-train") as run:
         run_id = run.info.run_id
         params = {

@@ -3,8 +3,7 @@
 The window state of every device lives in one FleetWindows (numpy arrays), the model
 scores all windows in one batch, and only the few devices above the threshold get the
 slower per-feature explanation. Devices that are gone score 1.0 without a model ("device
-lost"), as do devices whose sample carries a failure XID (an uncorrectable memory error
-or a remap failure: the device has failed, its jobs with it).
+lost"), as do devices that have failed while still answering (see failure_reason).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hardware.backend import Backend
+from hardware.backend import Backend, TelemetrySample
 from tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
 from tasks.health.features import FEATURES, FleetWindows
 from tasks.health.model import HealthModel
@@ -24,6 +23,21 @@ from tasks.health.sampler import FleetSample, TelemetrySampler
 # degradations with these; XID 48 is a double-bit error).
 FAILURE_XIDS = frozenset({48, 64, 94, 95})
 DEVICE_FAILED_REASON = "device failed"
+
+
+def failure_reason(s: TelemetrySample) -> str | None:
+    """Why a present device has already failed, or None. A failure XID in this sample, an
+    uncorrectable ECC error since the last reset (the counters are volatile: a reset
+    clears them) or a failed row remap: the device needs a reset, its jobs are gone. It
+    stays so until repaired, so its incident stays open (one event)."""
+    failed = sorted(set(s.xids) & FAILURE_XIDS)
+    if failed:
+        return f"{DEVICE_FAILED_REASON} (XID {'/'.join(map(str, failed))})"
+    if s.ecc_uncorrected_total > 0:
+        return f"{DEVICE_FAILED_REASON} (uncorrectable ECC errors since reset)"
+    if s.remapped_rows_failure:
+        return f"{DEVICE_FAILED_REASON} (row remapping failed)"
+    return None
 
 
 def explain(model: Any, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
@@ -44,7 +58,7 @@ class FleetScorer:
         explain_above: float = 0.5,
     ) -> None:
         self.model = model
-        self.windows = windows or FleetWindows(window=model.window)
+        self.windows = windows if windows is not None else FleetWindows(window=model.window)
         if self.windows.window != model.window:
             raise ValueError(
                 f"window state holds {self.windows.window} buckets, the model reads {model.window}"
@@ -65,13 +79,13 @@ class FleetScorer:
             for i, s in enumerate(fleet.samples):
                 dev = fleet.devices.get((s.node, s.index))
                 sku = dev.sku if dev else ""
-                failed = sorted(set(s.xids) & FAILURE_XIDS)
-                if failed:
+                why = failure_reason(s)
+                if why is not None:
                     out.append(DeviceRisk(
                         s.node, s.index, sku, 1.0,
-                        {"xid": float(failed[0]),
-                         "ecc_uncorrected_total": float(s.ecc_uncorrected_total)},
-                        f"{DEVICE_FAILED_REASON} (XID {'/'.join(map(str, failed))})",
+                        {"ecc_uncorrected_total": float(s.ecc_uncorrected_total),
+                         "remap_failure": float(s.remapped_rows_failure)},
+                        why,
                     ))
                     continue
                 out.append(DeviceRisk(s.node, s.index, sku, float(risk[i]), reasons.get(i, {})))

@@ -35,11 +35,12 @@ from hardware.inventory import DeviceRecord
 from hardware.inventory.engine import default_url, make_engine, run_write
 
 TRIGGERS = ("predicted", "reactive", "manual")
-# open: work in progress; waiting-capacity: jobs checkpointed and queued, no healthy
-# capacity of their SKU; done: every job moved (or none to move); failed: a step failed
-# and was rolled back; rejected: bad input (unknown device...), nothing changed.
-STATUSES = ("open", "waiting-capacity", "done", "failed", "rejected")
-ACTIVE_STATUSES = ("open", "waiting-capacity")
+# open: work in progress; waiting: some job is not running elsewhere yet (no healthy
+# capacity of its SKU: kept running in place, or checkpointed and queued; or no way to
+# start it here); done: every job moved (or none to move); failed: a step failed and was
+# rolled back; rejected: bad input (unknown device...), nothing changed.
+STATUSES = ("open", "waiting", "done", "failed", "rejected")
+ACTIVE_STATUSES = ("open", "waiting")
 
 # Timeline vocabulary (what the operators read).
 RISK_SEEN = "risk seen"
@@ -77,6 +78,10 @@ incidents = Table(
     Column("jobs", JSON, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    # Which run works on the incident now (a claim with an expiry, like a lease): two
+    # signals for one device never run the steps side by side.
+    Column("claimed_by", String(255), nullable=True),
+    Column("claimed_until", Float, nullable=True),
 )
 
 signals = Table(
@@ -172,6 +177,8 @@ class Ledger:
         features: dict[str, Any] | None = None,
         event_id: str | None = None,
         first_entry: tuple[str, str] | None = None,
+        claim_by: str | None = None,
+        claim_ttl_s: float = 900.0,
     ) -> tuple[Incident, str | None]:
         """(incident, duplicate): a new incident, or the one that already covers the signal.
 
@@ -226,6 +233,8 @@ class Ledger:
                         jobs={},
                         created_at=now,
                         updated_at=now,
+                        claimed_by=claim_by,
+                        claimed_until=now + claim_ttl_s if claim_by else None,
                     )
                 )
             if event_id:
@@ -273,6 +282,36 @@ class Ledger:
                 select(signals.c.incident_id).where(signals.c.event_id == event_id)
             ).first()
             return None if seen is None else _record(self._row(conn, seen.incident_id))
+
+    def claim(self, incident_id: str, owner: str, ttl_s: float = 900.0) -> bool:
+        """Take the incident for ``owner`` (a flow run) unless another live claim holds it;
+        the same owner claiming again extends its claim."""
+        now = time.time()
+        c = incidents.c
+
+        def work(conn: Connection) -> bool:
+            self._row(conn, incident_id)
+            result = conn.execute(
+                update(incidents)
+                .where(
+                    c.id == incident_id,
+                    (c.claimed_by.is_(None)) | (c.claimed_until < now) | (c.claimed_by == owner),
+                )
+                .values(claimed_by=owner, claimed_until=now + ttl_s)
+            )
+            return result.rowcount == 1
+
+        return self._write(work)
+
+    def release_claim(self, incident_id: str, owner: str) -> None:
+        c = incidents.c
+        self._write(
+            lambda conn: conn.execute(
+                update(incidents)
+                .where(c.id == incident_id, c.claimed_by == owner)
+                .values(claimed_by=None, claimed_until=None)
+            )
+        )
 
     # -- recording ---------------------------------------------------------------------
     def add(

@@ -397,6 +397,8 @@ def migrate_job(
     if current.state == "running" and job.resource_id not in current.resource_ids:
         # An earlier attempt already relaunched it: nothing more to do.
         res = inventory.resource(current.resource_ids[0]) if current.resource_ids else None
+        if binding is not None and binding.resource.resource_id not in current.resource_ids:
+            inventory.release_lease(binding.resource.resource_id, job.job_id)  # not needed
         out.status = "resumed"
         if res is not None:
             out.target, out.resource_id = f"{res.node}:{res.device_index}", res.resource_id
@@ -445,6 +447,7 @@ def open_incident(
     features: dict[str, Any] | None,
     event_id: str | None,
     condition: dict[str, Any],
+    claim_by: str | None = None,
 ) -> tuple[L.Incident, str | None]:
     """Open (or join) the device's incident; see Ledger.open_incident.
 
@@ -472,7 +475,7 @@ def open_incident(
         first = ("operator request", reason)
     return ledger.open_incident(
         device, trigger, reason, risk=risk, features=features, event_id=event_id,
-        first_entry=first,
+        first_entry=first, claim_by=claim_by,
     )
 
 

@@ -43,11 +43,42 @@ from tasks.scheduling.model import (
     SchedulerConfig,
     SubmissionRefused,
 )
-from tasks.scheduling.preemption import Candidate, Choice, choose_victims, total_cost
+from tasks.scheduling.preemption import Candidate, Choice, choose_victims
 from tasks.scheduling.queue import JobQueue
 from tasks.scheduling.repartition import RepartitionStep, mig_fit
 
 EXTERNAL = "external:"  # owner prefix of leases the scheduler did not make
+
+Entry = tuple[float, int, int, str, int, bool]  # (cost per unit, priority, -units, job, units, shrink)
+
+
+def _cheapest_cover(
+    entries: list[Entry], need: int, risk: dict[str, tuple[float, float] | None]
+) -> tuple[float, int, list[Entry]] | None:
+    """choose_victims on plain tuples, for the few victims of one node: (cost, victims,
+    entries) of the greedy-then-prune cover, or of the cheapest lone victim if cheaper."""
+    if sum(e[4] for e in entries) < need:
+        return None
+    entries = sorted(entries)
+    chosen: list[Entry] = []
+    got = 0
+    for e in entries:
+        chosen.append(e)
+        got += e[4]
+        if got >= need:
+            break
+    cost = {e[3]: risk[e[3]][0] for e in chosen}  # type: ignore[index]
+    for e in sorted(chosen, key=lambda e: (-cost[e[3]], -e[1], e[3])):
+        if got - e[4] >= need:
+            chosen.remove(e)
+            got -= e[4]
+    total = sum(risk[e[3]][0] for e in chosen)  # type: ignore[index]
+    lone = [e for e in entries if e[4] >= need]
+    if lone:
+        single = min(lone, key=lambda e: (risk[e[3]][0], e[1], e[4], e[3]))  # type: ignore[index]
+        if risk[single[3]][0] < total:  # type: ignore[index]
+            return risk[single[3]][0], 1, [single]  # type: ignore[index]
+    return total, len(chosen), chosen
 
 
 @dataclass(eq=False)
@@ -100,14 +131,13 @@ class Engine:
         self.config = config or SchedulerConfig()
         self.fleet = fleet or FleetIndex()
         self.jobs: dict[str, Job] = {}
-        self.queue = JobQueue(fifo=self.config.policy == "first-fit")
+        self.queue = JobQueue(fifo=self.config.fifo or self.config.policy == "first-fit")
         self.reservations: dict[str, Job] = {}
         self._seq = 0
         # Running jobs per pool, and their priorities: preemption looks only where it helps.
         self._running: dict[PoolKey, dict[str, None]] = {}
         self._running_prio: dict[PoolKey, Counter[int]] = {}
         self._running_units: dict[PoolKey, Counter[int]] = {}  # units of preemptible jobs by priority
-        self._now_cache = 0.0
         # Whole-device units of running jobs per node (node-local gang preemption).
         self._node_jobs: dict[str, Counter[str]] = {}
 
@@ -798,6 +828,8 @@ class Engine:
         if job.state != QUEUED or job.waiting_for or not self.config.preemption:
             return None
         req = job.request
+        if req.resource_ids:
+            return self._plan_pinned(job, now)
         best: tuple[float, int, Preemption] | None = None
         risk: dict[str, tuple[float, float] | None] = {}  # victim -> (cost, cost per unit)
         for pool in self._ordered_pools(job, req.policy or self.config.policy):
@@ -813,6 +845,31 @@ class Engine:
                 # prefers H100 evicts there, not on the V100s where it happens to be cheaper.
                 return plan
         return None
+
+    def _plan_pinned(self, job: Job, now: float) -> Preemption | None:
+        """A pinned job can only evict whoever runs on its resources, and only if every
+        one of them may be evicted."""
+        risk: dict[str, tuple[float, float] | None] = {}
+        release: dict[str, list[str]] = {}
+        for rid in job.request.resource_ids:
+            unit = self.fleet.units.get(rid)
+            if unit is None or not unit.dev.available:
+                return None
+            if unit.owner is None:
+                if unit.holder not in (None, job.job_id):
+                    return None
+                continue
+            if self._risk(unit.owner, job, now, risk) is None:
+                return None  # an equal or higher priority, or an outside lease, runs there
+            release.setdefault(unit.owner, []).append(rid)
+        if not release:
+            return None
+        unit = self.fleet.units[job.request.resource_ids[0]]
+        evictions = tuple(
+            Eviction(vid, "preempt", tuple(rids), risk[vid][0], self.jobs[vid].priority)  # type: ignore[index]
+            for vid, rids in release.items()
+        )
+        return Preemption(job.job_id, unit.dev.region, unit.dev.sku, None, evictions)
 
     def _risk(self, vid: str, job: Job, now: float, cache: dict[str, tuple[float, float] | None]) -> tuple[float, float] | None:
         """(work at risk, per allocated unit) of an eligible victim; None if not eligible."""
@@ -839,8 +896,8 @@ class Engine:
         return units
 
     def _greedy_prefix(
-        self, entries: list[tuple[float, int, int, str, int, bool]], need: int
-    ) -> list[tuple[float, int, int, str, int, bool]] | None:
+        self, entries: list[Entry], need: int
+    ) -> list[Entry] | None:
         """The cheapest-per-unit entries, in order, until they cover ``need``: exactly the
         part of the list the greedy of choose_victims looks at."""
         if sum(e[4] for e in entries) < need:
@@ -854,19 +911,20 @@ class Engine:
             got += e[4]
         return out
 
-    def _choices(self, job: Job, prefix: list[tuple[float, int, int, str, int, bool]], need: int, node: str | None) -> list[Choice] | None:
+    def _choices(self, job: Job, prefix: list[Entry], need: int, node: str | None, now: float) -> list[Choice] | None:
+        """Candidates (with their unit ids) for the few entries a plan is made of."""
         cands = []
         for _cpu, prio, _neg, vid, _n, shrink in prefix:
             v = self.jobs[vid]
             units = self._victim_units(v, job.request, node)
-            cost = v.work_at_risk_s(self._now_cache)
+            cost = v.work_at_risk_s(now)
             if shrink:
                 surplus = len(v.allocation) - v.request.min_units
                 units = units[-surplus:]
             cands.append(Candidate(vid, tuple(u.rid for u in units), cost, prio, shrink))
         return choose_victims(need, cands)
 
-    def _entries(self, job: Job, vids: Iterable[tuple[str, int]], now: float, risk: dict[str, tuple[float, float] | None], elastic_whole: bool) -> list[tuple[float, int, int, str, int, bool]]:
+    def _entries(self, job: Job, vids: Iterable[tuple[str, int]], now: float, risk: dict[str, tuple[float, float] | None], elastic_whole: bool) -> list[Entry]:
         """(cost per freed unit, priority, -units, victim, units, shrink) per eligible victim.
         Tier 1 (``elastic_whole`` False) lets elastic jobs give only their surplus."""
         out = []
@@ -893,7 +951,6 @@ class Engine:
 
     def _plan_in_pool(self, job: Job, pool: PoolKey, now: float, risk: dict[str, tuple[float, float] | None], bound: float) -> Preemption | None:
         req = job.request
-        self._now_cache = now
         if req.kind == "device" and self._node_local(req, pool):
             p = self.fleet.pools[pool]
             held = Counter(u.node for u in job.holds.values())
@@ -908,38 +965,40 @@ class Engine:
                 if need <= 0:
                     continue
                 low = 0
-                cheapest = math.inf
+                cheapest = math.inf  # per unit
+                cheapest_job = math.inf  # any plan pays at least one whole victim
                 for vid, n in nj.items():
                     r = risk[vid] if vid in risk else self._risk(vid, job, now, risk)
                     if r is not None:
                         low += n
                         if r[1] < cheapest:
                             cheapest = r[1]
+                        if r[0] < cheapest_job:
+                            cheapest_job = r[0]
                 if low >= need:
-                    bounds.append((cheapest * need, node, need))
+                    bounds.append((max(cheapest * need, cheapest_job), node, need))
             bounds.sort()
-            best: tuple[float, int, str, list[Choice]] | None = None
+            best: tuple[float, int, str, list[Entry]] | None = None
             for lb, node, need in bounds:
                 if best is not None and lb >= best[0]:
                     break
                 nj = self._node_jobs[node]
-                choices = None
                 for tier in (False, True):
-                    entries = self._entries(job, nj.items(), now, risk, tier)
-                    if sum(e[4] for e in entries) >= need:
-                        choices = self._choices(job, entries, need, node)
-                        if choices:
-                            break
-                if not choices:
+                    plan = _cheapest_cover(self._entries(job, nj.items(), now, risk, tier), need, risk)
+                    if plan is not None:
+                        break
+                if plan is None:
                     continue
-                score = (total_cost(choices), len(choices))
-                if best is None or score < best[:2]:
-                    best = (score[0], score[1], node, choices)
+                if best is None or plan[:2] < best[:2]:
+                    best = (plan[0], plan[1], node, plan[2])
                     if best[0] == 0:
                         break
             if best is None:
                 return None
-            return self._preemption(job, pool, best[2], best[3], now)
+            choices = self._choices(job, best[3], req.min_units - p.free_on(best[2]) - held[best[2]], best[2], now)
+            if not choices:
+                return None
+            return self._preemption(job, pool, best[2], choices, now)
         holds = sum(1 for u in job.holds.values() if u.pool == pool)
         if req.kind == VDCU:
             need = req.min_units - holds - len(self._vdcu_candidates(pool, req))
@@ -952,9 +1011,9 @@ class Engine:
         prio = job.priority
         key = (req.kind, req.profile if req.kind == "mig" else None)
         sized = req.kind == VDCU and (req.compute_units or req.memory_mb)
-        tier1: list[tuple[float, int, int, str, int, bool]] = []
-        tier2: list[tuple[float, int, int, str, int, bool]] = []
-        single: tuple[float, int, int, str, int, bool] | None = None  # cheapest lone cover
+        tier1: list[Entry] = []
+        tier2: list[Entry] = []
+        single: Entry | None = None  # cheapest lone cover
         single_cost = math.inf
         fmod = math.fmod
         # The hot loop of a preemption decision: thousands of running jobs in a big pool.
@@ -987,7 +1046,7 @@ class Engine:
             prefix.append(single)
         if prefix is None:
             return None
-        choices = self._choices(job, prefix, need, None)
+        choices = self._choices(job, prefix, need, None, now)
         if not choices:
             return None
         return self._preemption(job, pool, None, choices, now)

@@ -14,7 +14,8 @@ vDCU - and a node selector: ``nvidia.com/gpu.product`` (the label GPU feature di
 sets: the product name with spaces as dashes) for NVIDIA, HAMi's ``hygon.com/use-dcutype``
 annotation for Hygon, and the node itself when the placement is on one node. The work
 pool's base job template must reference ``{{ resources }}``, ``{{ node_selector }}`` and
-``{{ annotations }}`` for these to reach the pod (docs/scheduling.md shows the snippet).
+``{{ pod_annotations }}`` for these to reach the pod (docs/scheduling.md shows the snippet;
+Prefect's own ``annotations`` variable annotates the Job, where HAMi does not look).
 """
 
 from __future__ import annotations
@@ -142,6 +143,6 @@ def kubernetes_job_variables(resources: Sequence[Resource], job_id: str) -> dict
         "env": {"GPUFLOW_JOB_ID": job_id},
         "resources": {"limits": limits},
         "node_selector": selector,
-        "annotations": annotations,
+        "pod_annotations": annotations,
         "pods": len(nodes),
     }

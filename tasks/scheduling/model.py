@@ -45,10 +45,10 @@ class QueueFullError(SubmissionRefused):
     def __init__(self, pool: str, waiting: int, depth: int) -> None:
         self.pool = pool
         self.depth = depth
-        where = "jobs that name no region" if pool == ANY_REGION else f"pool {pool!r}"
+        where = "jobs that name no region already wait" if pool == ANY_REGION else f"jobs already wait in pool {pool!r}"
         key = "" if pool == ANY_REGION else f"{pool}="
         super().__init__(
-            f"queue full: {waiting} jobs already wait for {where} (queue depth {depth}). "
+            f"queue full: {waiting} {where} (queue depth {depth}). "
             f"Wait for some to start, or raise the depth: {QUEUE_DEPTH_ENV}={key}{depth * 2} "
             f"(or SchedulerConfig(queue_depths={{{pool!r}: {depth * 2}}}), "
             f"or `gpuflow schedule submit --queue-depth {depth * 2}`)"
@@ -211,6 +211,7 @@ class SchedulerConfig:
     reservation_lead_s: float = 600.0  # a reservation starts holding capacity this early
     lease_ttl_s: float = 300.0
     grow_elastic: bool = True
+    fifo: bool = False  # queue in arrival order, ignoring priority (first-fit always does)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

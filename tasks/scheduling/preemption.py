@@ -75,7 +75,3 @@ def choose_victims(need: int, candidates: Sequence[Candidate]) -> list[Choice] |
         out.append(Choice(c, tuple(give)))
         left -= len(give)
     return out
-
-
-def total_cost(choices: Sequence[Choice]) -> float:
-    return sum(c.candidate.cost for c in choices)

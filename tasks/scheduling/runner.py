@@ -19,7 +19,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.scheduling.service import SchedulerService
-from tasks.scheduling.train_placement import placement_for_train
+from tasks.scheduling.train_placement import placement_for_train, release_placement
 
 log = logging.getLogger(__name__)
 
@@ -72,20 +72,14 @@ def run_scheduled_job(
         result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
     except Exception:
         client.set_terminated(run_id, "FAILED")
-        service.job_done(job_id, ok=False)
-        cluster.get_backend().end_workload(job_id)
+        release_placement(cluster, binding, job_id, ok=False)
         raise
     for key, value in result_metrics(result).items():
         if value is not None:
             client.log_metric(run_id, key, float(value))
     client.set_tag(run_id, "gpuflow.stopped_by_request", str(result.stopped_by_request).lower())
     client.set_terminated(run_id, "FINISHED")
-    if result.stopped_by_request:
-        # Give the device back at once: the preemptor is waiting for it.
-        inventory = service.inventory
-        for lease in inventory.leases(owner=job_id):
-            inventory.release_lease(lease.resource_id, job_id)
-    service.job_done(job_id, ok=True, stopped_by_request=result.stopped_by_request)
+    release_placement(cluster, binding, job_id, ok=True, stopped_by_request=result.stopped_by_request)
     return {"run_id": run_id, "resource_id": res.resource_id, **result.to_dict()}
 
 

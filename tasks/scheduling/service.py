@@ -462,20 +462,46 @@ class SchedulerService:
                 )
                 report.requeued.append(job_id)
                 continue
-            if job.state == RUNNING and record.state == "running":
+            if job.state in (RUNNING, STOPPING) and record.state == "running":
                 primary = record.resource_ids[0] if record.resource_ids else None
                 if primary is None or primary not in owned:
                     # The runner stopped renewing: it is gone. Resume from the last checkpoint.
+                    beneficiary = job.stop_for
                     engine.fail(job_id, now, requeue=True)
                     self._sync_leases(job, report)
+                    if beneficiary and beneficiary in engine.jobs:
+                        self._sync_leases(engine.jobs[beneficiary], report)
+                    self._answer_stale_stop(s, record)
+                    if s.get("cancel_requested"):
+                        engine.cancel(job_id, now)
+                        self._write(job_id, "failed", resource_ids=[], phase=CANCELLED,
+                                    reason="cancelled", stop_request_id=None)
+                        continue
                     self._write(job_id, "queued", resource_ids=[], phase=QUEUED,
-                                resume_checkpoint=record.last_checkpoint_id, lost_at_s=now)
+                                resume_checkpoint=record.last_checkpoint_id, lost_at_s=now,
+                                stop_request_id=None, stop_for=None, stop_action=None, release=[])
                     report.lost.append(job_id)
             elif job.state == QUEUED and record.state == "running":
-                # Restored without any of its resources (they vanished): it waits again.
+                # Restored without any of its resources (its leases lapsed, or the devices
+                # vanished): its runner is gone; it waits again, from its last checkpoint.
+                self._answer_stale_stop(s, record)
+                if s.get("cancel_requested"):
+                    engine.cancel(job_id, now)
+                    self._write(job_id, "failed", resource_ids=[], phase=CANCELLED,
+                                reason="cancelled", stop_request_id=None)
+                    continue
                 self._write(job_id, "queued", resource_ids=[], phase=QUEUED,
-                            resume_checkpoint=record.last_checkpoint_id)
+                            resume_checkpoint=record.last_checkpoint_id, lost_at_s=now,
+                            stop_request_id=None, stop_for=None, stop_action=None, release=[])
                 report.lost.append(job_id)
+
+    def _answer_stale_stop(self, sched: dict[str, Any], record: JobRecord) -> None:
+        """Answer a stop request the job never will, or its relaunch would find it pending
+        and stop at its first step. The first answer wins, so a late real one is kept."""
+        if sched.get("stop_request_id"):
+            self.inventory.ack_control(
+                int(sched["stop_request_id"]), record.last_checkpoint_id or "no-checkpoint"
+            )
 
     def _carry_out(self, engine: Engine, decisions: list[object], report: PassReport) -> None:
         now = self._now()

@@ -14,6 +14,7 @@ partition runs at its share of the device (compute slices / 7, CUs / the DCU's C
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
 from collections.abc import Callable
@@ -24,7 +25,6 @@ from hardware.skus import MIG_COMPUTE_SLICES, SKUS
 from tasks.scheduling.engine import Engine
 from tasks.scheduling.fleet_index import Unit
 from tasks.scheduling.model import (
-    RUNNING,
     STOPPING,
     Activation,
     Growth,
@@ -33,6 +33,7 @@ from tasks.scheduling.model import (
     Placement,
     Preemption,
     SchedulerConfig,
+    SubmissionRefused,
 )
 from tasks.scheduling.trace import NodeGroup, TraceJob, speed
 
@@ -164,6 +165,7 @@ class Simulator:
         self.preemptions = 0
         self.restart_gpu_s = 0.0
         self.repartitions = 0
+        self.refused: set[str] = set()
         self._hook_engine()
 
     def _hook_engine(self) -> None:
@@ -221,6 +223,16 @@ class Simulator:
 
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         started = time.perf_counter()
+        # The fleet lives as long as the scheduler: keep it out of the cyclic GC's passes
+        # (as a long-running scheduler process would), so decision timings are decisions.
+        gc.collect()
+        gc.freeze()
+        try:
+            return self._run(progress, started)
+        finally:
+            gc.unfreeze()
+
+    def _run(self, progress: Callable[[float], None] | None, started: float) -> SimResult:
         engine = self.engine
         for j in self.trace:
             self._push(j.arrival_s, ARRIVE, j.job_id)
@@ -241,7 +253,11 @@ class Simulator:
             self._advance(t)
             run = self.runs[job_id]
             if kind == ARRIVE:
-                engine.submit(to_request(run.job), t, enforce_depth=False, checkpoint_every_s=run.job.checkpoint_every_s)
+                try:
+                    engine.submit(to_request(run.job), t, enforce_depth=False, checkpoint_every_s=run.job.checkpoint_every_s)
+                except SubmissionRefused:
+                    self.refused.add(job_id)  # bigger than any pool of this fleet
+                    continue
                 dirty = True
             elif kind == FINISH and version == run.version:
                 job = engine.jobs[job_id]
@@ -336,10 +352,26 @@ class Simulator:
         run.started_at = None
         self.engine.stopped(job_id, now)
 
+    def _delays(self) -> list[tuple[float, _Run]]:
+        """Queueing delay of every job arrived after the warm-up (the wait so far for
+        those still waiting at the horizon)."""
+        out = []
+        for r in self.runs.values():
+            if r.job.arrival_s < self.warmup_s or r.job.arrival_s >= self.horizon_s:
+                continue
+            if r.job.job_id in self.refused:
+                continue
+            start = r.first_start if r.first_start is not None else self.horizon_s
+            out.append((start - r.job.arrival_s, r))
+        return out
+
     def _result(self, wall_s: float) -> SimResult:
-        runs = list(self.runs.values())
+        runs = [r for r in self.runs.values() if r.job.job_id not in self.refused]
         delays = [r.first_start - r.job.arrival_s for r in runs if r.first_start is not None and r.job.arrival_s >= self.warmup_s]
-        waiting = [self.horizon_s - r.job.arrival_s for r in runs if r.first_start is None and r.job.arrival_s < self.horizon_s]
+        waiting = [  # still waiting at the horizon: the wait so far (a lower bound)
+            self.horizon_s - r.job.arrival_s for r in runs
+            if r.first_start is None and self.warmup_s <= r.job.arrival_s < self.horizon_s
+        ]
         jct = [r.finished_at - r.job.arrival_s for r in runs if r.finished_at is not None and r.job.arrival_s >= self.warmup_s]
         high = [r for r in runs if r.job.priority > 0 and r.job.arrival_s >= self.warmup_s]
         jct_high = [r.finished_at - r.job.arrival_s for r in high if r.finished_at is not None]
@@ -348,7 +380,7 @@ class Simulator:
         return SimResult(
             policy=self.config.policy,
             preemption=self.config.preemption,
-            jobs=len(runs),
+            jobs=len(self.runs),
             started=sum(1 for r in runs if r.first_start is not None),
             completed=sum(1 for r in runs if r.finished_at is not None),
             utilization=self.busy_integral / (self.total_gpus * window),
@@ -370,7 +402,16 @@ class Simulator:
             preempt_p99_ms=percentile(self.preempt_ms, 99),
             decisions=len(self.place_ms) + len(self.preempt_ms),
             wall_s=wall_s,
-            extra={"still_waiting": len(waiting)},
+            extra={
+                "refused": len(self.refused),
+                "still_waiting": len(waiting),
+                # Big gangs suffer most from fragmentation; low priority from preemption.
+                "queue_delay_gang8_p99_s": percentile(
+                    [d for d, r in self._delays() if (r.job.max_count or r.job.count) >= 8], 99
+                ),
+                "queue_delay_low_p99_s": percentile([d for d, r in self._delays() if r.job.priority == 0], 99),
+                "jct_mean_s": sum(jct) / len(jct) if jct else float("nan"),
+            },
         )
 
 
@@ -384,4 +425,4 @@ def simulate(
     return Simulator(groups, trace, config, **kwargs).run(progress)
 
 
-__all__ = ["RUNNING", "SimResult", "Simulator", "build_engine", "simulate", "to_request"]
+__all__ = ["SimResult", "Simulator", "build_engine", "simulate", "to_request"]

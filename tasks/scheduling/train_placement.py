@@ -103,6 +103,24 @@ def placement_for_train(
     return Binding(resource, lease, _sku_or_none(resource.sku), torch_device_for(service.backend), service.backend.name)
 
 
+def release_placement(
+    cluster: Any, binding: Any, job_id: str, ok: bool = True, stopped_by_request: bool = False
+) -> None:
+    """The counterpart of placement_for_train (a drop-in for tasks.training.job.release):
+    give the leases back and tell the scheduler how the job ended. A job stopped on request
+    (preempted, shrunk, cancelled) is re-queued by the next scheduling pass."""
+    service = SchedulerService.for_cluster(cluster)
+    if stopped_by_request:
+        # The device goes to whoever the stop was for, at once; the pass re-queues the job.
+        for lease in service.inventory.leases(owner=job_id):
+            service.inventory.release_lease(lease.resource_id, job_id)
+    service.job_done(job_id, ok=ok, stopped_by_request=stopped_by_request)
+    service.backend.end_workload(job_id)
+
+
 placement_for_train_task = task(
     placement_for_train, name="place-job", retries=3, retry_delay_seconds=5, cache_policy=NONE
+)
+release_placement_task = task(
+    release_placement, name="release-placement", retries=3, retry_delay_seconds=2, cache_policy=NONE
 )

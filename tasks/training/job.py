@@ -14,6 +14,7 @@ from prefect.cache_policies import NONE
 
 from blocks.checkpoint_storage import CheckpointStorage
 from blocks.gpu_cluster import GpuCluster
+from hardware.backend import DeviceLostError
 from tasks.training.binding import Binding, DeviceRequest, lease_device
 from tasks.training.loop import StepInfo, TrainResult, build_workload, train_loop
 from tasks.training.spec import TrainSpec
@@ -147,7 +148,22 @@ acquire_task = task(acquire, name="lease-device", retries=3, retry_delay_seconds
 release_task = task(release, name="release-device", retries=3, retry_delay_seconds=2, cache_policy=NONE)
 
 
-@task(name="train-loop", retries=2, retry_delay_seconds=3, cache_policy=NONE)
+def _retry_unless_device_lost(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a crashed loop (it resumes from its checkpoint), but not on a device that is
+    gone: that is remediation's job, on another device."""
+    try:
+        state.result()
+    except DeviceLostError:
+        return False
+    except Exception as exc:  # noqa: BLE001 - any other failure is worth a retry
+        return "DeviceLostError" not in repr(exc)
+    return True
+
+
+@task(
+    name="train-loop", retries=2, retry_delay_seconds=3, cache_policy=NONE,
+    retry_condition_fn=_retry_unless_device_lost,
+)
 def train_loop_task(
     spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, binding: Binding, run_id: str | None
 ) -> TrainResult:

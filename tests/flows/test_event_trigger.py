@@ -59,12 +59,8 @@ def served(gpuflow_home: Path) -> Iterator[tuple[WebhookReceiver, str]]:
         try:
             yield hook, proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.kill()  # our own subprocess; its flow run has finished
+            proc.wait(timeout=30)
 
 
 def _deployment_id(client) -> str | None:

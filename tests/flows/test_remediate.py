@@ -124,13 +124,13 @@ def test_bad_input_and_a_device_without_jobs(cluster, hook) -> None:
 def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, tmp_path) -> None:
     # The only V100: a predicted risk cannot move the job, so it checkpoints in place and
     # keeps running; when the device then dies the job is queued with its checkpoint.
-    handle = _start(cluster, tmp_path, "rm-v100", steps=100_000, at_step=30,
+    handle = _start(cluster, tmp_path, "rm-v100", steps=3000, at_step=30,
                     device=DeviceRequest(sku="v100"),
                     on_crash=crash_handler(notifier=hook.block(), cluster=cluster))
     assert handle.segments[0].device == "v100-0:0"
     out = remediate(device="v100-0:0", trigger="predicted", risk=0.9, notifier=hook.block(),
                     cluster=cluster)
-    assert out["status"] == "waiting-capacity" and out["short"] == {"Tesla V100-SXM2-32GB": 1}
+    assert out["status"] == "waiting" and out["short"] == {"Tesla V100-SXM2-32GB": 1}
     job = out["jobs"]["rm-v100"]
     assert job["status"] == "in-place" and job["checkpoint_id"] and job["checkpoint_how"] == "on-request"
     assert "NO CAPACITY" in hook.messages[-1]["body"]
@@ -142,14 +142,14 @@ def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, tmp_path) -> None:
     record = inv.job("rm-v100")
     assert record.state == "queued" and record.last_checkpoint_id is not None
     assert record.last_checkpoint_id >= job["checkpoint_id"]  # newest checkpoint kept
-    assert "waiting-capacity" in hook.messages[-1]["subject"]
+    assert "waiting" in hook.messages[-1]["subject"]
     incident = L.Ledger(inv.url).incidents()[0]
-    assert incident.status == "waiting-capacity"
+    assert incident.status == "waiting"
     assert L.JOB_QUEUED in [e["what"] for e in incident.timeline]
 
 
 def test_a_failing_step_loses_no_job(cluster, hook, tmp_path, monkeypatch) -> None:
-    handle = _start(cluster, tmp_path, "rm-fail", steps=100_000)
+    handle = _start(cluster, tmp_path, "rm-fail", steps=3000)
     device = handle.segments[0].device
     node, index = device.split(":")
 
@@ -210,3 +210,64 @@ def test_cli_remediates_and_lists_incidents(cluster, monkeypatch) -> None:
     listed = runner.invoke(cli_remediate.app, ["--history"])
     assert listed.exit_code == 0 and "a100-1:0" in listed.output and "manual" in listed.output
     assert A100  # the fleet the CLI ran on
+
+
+def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path, monkeypatch) -> None:
+    """The `train` flow with remediate_on_train_failure as its on_failure hook: the device
+    falls off the bus, the flow fails, the hook queues the job with its last checkpoint
+    and remediates the device. (The train flow leaves no launch record yet, so the job
+    waits to be resumed with `gpuflow train`: nothing lost, operators told.)"""
+    from flows.remediate import remediate_on_train_failure
+    from flows.train import train
+    from tasks.training import job as job_module
+
+    monkeypatch.setattr(job_module.train_loop_task, "retries", 0)
+    monkeypatch.setenv("GPUFLOW_NOTIFY_BLOCK", "custom-webhook/gpuflow-ops-hook")
+    hook.block().save("gpuflow-ops-hook", overwrite=True)
+    spec = small_spec("rm-train-flow", steps=3000, interval=20)
+    reached = threading.Event()
+
+    def observe(job_id: str, total: int, info) -> None:
+        if job_id == spec.job_id and info.step >= 45:
+            reached.set()
+
+    job_module.step_observers.append(observe)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            train.with_options(on_failure=[remediate_on_train_failure])(
+                spec, device=DeviceRequest(sku="a100-40gb"),
+                storage=CheckpointStorage(path=str(tmp_path / "ck")), log_model=False,
+            )
+        except BaseException as exc:  # noqa: BLE001 - the flow is meant to fail
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert reached.wait(120)
+        record = Inventory().job(spec.job_id)
+        res = Inventory().resource(record.resource_ids[0])
+        SimBackend().inject_fault(res.node, res.device_index, "xid79")
+        thread.join(120)
+    finally:
+        job_module.step_observers.remove(observe)
+    assert errors and "fell off the bus" in str(errors[0])
+    inv = Inventory()
+    record = inv.job(spec.job_id)
+    assert record.state == "queued" and record.last_checkpoint_id >= "step-000000040"
+    assert inv.is_cordoned(res.node, res.device_index) and inv.leases(owner=spec.job_id) == []
+    incident = L.Ledger(inv.url).incidents()[0]
+    assert incident.trigger == "reactive" and incident.status == "waiting"
+    assert "no launch record" in incident.jobs[spec.job_id]["detail"]
+    assert hook.messages and "reactive" in hook.messages[-1]["subject"]
+
+
+def test_tour_predicted_fault(gpuflow_home) -> None:
+    from tasks.remediation.demo import predicted_fault_tour
+
+    out = predicted_fault_tour(report=lambda msg: None, steps=60)
+    assert out["remediation"] == "done" and out["job finished"] and out["cordoned"]
+    assert out["steps lost"] == 0 and out["moved to"] != out["device"]
+    assert out["health model"].startswith("threshold rules")  # no champion in a fresh home

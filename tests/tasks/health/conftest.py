@@ -27,3 +27,12 @@ def tiny_outcome(tiny_history: History):
     from tasks.health.pipeline import train_and_evaluate
 
     return train_and_evaluate(TINY_HISTORY, TINY_TRAIN, TINY_GBT, history=tiny_history)
+
+
+@pytest.fixture(autouse=True)
+def own_mlflow_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlflow.set_tracking_uri / set_registry_uri also set MLFLOW_TRACKING_URI /
+    MLFLOW_REGISTRY_URI in os.environ, which tasks.tracking then prefers over GPUFLOW_HOME:
+    without this every later test would write to the first test's store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)

@@ -81,6 +81,22 @@ def test_same_event_twice_is_one_incident(inventory: Inventory) -> None:
         ledger.incident("inc-nope")
 
 
+def test_one_run_at_a_time_works_on_an_incident(inventory: Inventory) -> None:
+    dev = inventory.devices()[2]
+    ledger = L.Ledger(inventory.url)
+    inc, _ = ledger.open_incident(dev, "predicted", "risk", claim_by="run-a")
+    assert not ledger.claim(inc.incident_id, "run-b")  # run-a holds it
+    assert ledger.claim(inc.incident_id, "run-a")  # its own claim: extended
+    ledger.release_claim(inc.incident_id, "run-b")  # not b's to release: no effect
+    assert not ledger.claim(inc.incident_id, "run-b")
+    ledger.release_claim(inc.incident_id, "run-a")
+    assert ledger.claim(inc.incident_id, "run-b")
+    assert ledger.claim(inc.incident_id, "run-c", ttl_s=1.0) is False
+    ledger.release_claim(inc.incident_id, "run-b")
+    assert ledger.claim(inc.incident_id, "run-c", ttl_s=-1.0)  # an expired claim is taken over
+    assert ledger.claim(inc.incident_id, "run-d")
+
+
 def test_concurrent_deliveries_of_one_event_open_one_incident(inventory: Inventory) -> None:
     dev = inventory.devices()[1]
     url = inventory.url

@@ -126,3 +126,18 @@ def test_failure_requeues_from_checkpoint_and_frees_for_the_preemptor() -> None:
     (p,) = [d for d in engine.schedule(7) if isinstance(d, Placement)]
     assert p.job_id == "high"
     assert engine.audit() == []
+
+
+def test_pinned_job_evicts_whoever_runs_on_its_resource() -> None:
+    engine = make_engine([("n0", "r1", A100, 2)])
+    engine.submit(_req("a", resource_ids=("n0-0",)), 0)
+    engine.submit(_req("b", resource_ids=("n0-1",)), 0)
+    engine.schedule(0)
+    engine.report_checkpoint("a", 99)  # a is cheaper to evict, but b sits on the pinned device
+    engine.submit(_req("want-1", resource_ids=("n0-1",), priority=4), 100)
+    (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
+    assert [(e.job_id, e.release) for e in plan.evictions] == [("b", ("n0-1",))]
+    engine.stopped("b", 101)
+    (p,) = [d for d in engine.schedule(101) if isinstance(d, Placement)]
+    assert (p.job_id, p.resource_ids) == ("want-1", ("n0-1",))
+    assert engine.audit() == []

@@ -1,0 +1,110 @@
+"""health_train and monitor flows on the session's Prefect server; the CLI over them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.health_train import health_train
+from flows.monitor import monitor
+from gpuflow.cli_health import app
+from hardware.sim import SimBackend
+from tasks.health.baselines import GbtConfig
+from tasks.health.events import EVENT_NAME, resource_id_for
+from tasks.health.history import HistoryConfig
+from tasks.health.model import TrainConfig
+
+TINY_HISTORY = HistoryConfig.small(
+    nodes=40, days=60.0, background_segments=(80, 40, 80),
+    background_segment_s=(3600.0, 3600.0, 6 * 3600.0),
+)
+TINY_TRAIN = TrainConfig.small(epochs=1, hidden=8, max_background=1500,
+                               far_negatives_per_incident=8)
+
+
+@pytest.fixture(autouse=True)
+def own_mlflow_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI in os.environ, which tasks.tracking
+    prefers over GPUFLOW_HOME: without this, tests share the first test's store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+
+
+def read_health_events(resource_id: str, attempts: int = 60) -> list:
+    """Events the server stored for one device (ingestion is asynchronous: poll)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    flt = EventFilter(event=EventNameFilter(name=[EVENT_NAME]),
+                      resource=EventResourceFilter(id=[resource_id]))
+    with get_client(sync_client=True) as client:
+        for _ in range(attempts):
+            events = client.read_events(flt, limit=50).events
+            if events:
+                return events
+            time.sleep(0.5)
+    return []
+
+
+def test_train_then_monitor_emits_through_the_server() -> None:
+    """`gpuflow health train` runs the health_train flow and registers the champion; the
+    monitor flow loads it and its event reaches the Prefect server."""
+    runner = CliRunner()
+    res = runner.invoke(app, ["status"])
+    assert res.exit_code == 0 and "no champion" in res.output
+    res = runner.invoke(app, ["train", "--quick", "--nodes", "40", "--days", "60", "--epochs", "1"])
+    assert res.exit_code == 0, res.output
+    assert "health model vs baselines" in res.output and "oracle" in res.output
+    assert "models:/gpuflow-health-lstm@champion" in res.output
+    res = runner.invoke(app, ["status"])
+    assert res.exit_code == 0 and "lstm_pr_auc" in res.output
+
+    twin = SimBackend()
+    twin.inject_fault("a100-0", 3, "xid79")
+    out = monitor(rounds=2, fast_forward=True)
+    assert out["model"] == "models:/gpuflow-health-lstm@champion"
+    emitted = {e["device"]: e for e in out["emitted"]}
+    assert emitted["a100-0:3"]["reason"] == "device lost"
+    events = read_health_events(resource_id_for("a100-0", 3))
+    assert [str(e.id) for e in events] == [emitted["a100-0:3"]["event_id"]]
+    payload = events[0].payload
+    assert payload["risk"] == 1.0 and payload["node"] == "a100-0" and payload["index"] == 3
+    # a second run continues the incident: no second event
+    assert monitor(rounds=1, fast_forward=True)["emitted"] == []
+    res = runner.invoke(app, ["status"])
+    assert "a100-0:3" in res.output and "device lost" in res.output
+
+
+def test_health_train_flow_without_registering() -> None:
+    result = health_train(history=TINY_HISTORY, training=TINY_TRAIN, gbt=GbtConfig(max_iter=5),
+                          cache=False, register_model=False)
+    assert "registry_uri" not in result and result["run_id"]
+    assert result["summary"]["test_at_monitor_threshold"]["oracle"]["recall"] == 1.0
+
+
+def test_monitor_with_rules_and_bad_parameters() -> None:
+    twin = SimBackend()
+    twin.inject_fault("a100-1", 1, "remap-pending")
+    out = monitor(rounds=1, model_uri="rules", fast_forward=True)
+    assert [e["device"] for e in out["emitted"]] == ["a100-1:1"]
+    with pytest.raises(ValueError, match="interval_s"):
+        monitor(rounds=1, interval_s=2.0)
+    with pytest.raises(ValueError, match="threshold"):
+        monitor(rounds=1, threshold=0.0)
+
+
+def test_cli_score_and_monitor_without_a_champion() -> None:
+    runner = CliRunner()
+    SimBackend().inject_fault("v100-0", 1, "xid79")
+    res = runner.invoke(app, ["score", "--top", "3"])
+    assert res.exit_code == 0, res.output
+    assert "v100-0:1" in res.output and "device lost" in res.output and "rules" in res.output
+    res = runner.invoke(app, ["monitor", "--rounds", "1", "--model", "rules", "--fast-forward"])
+    assert res.exit_code == 0, res.output
+    assert "1 events emitted" in res.output
+    res = runner.invoke(app, ["monitor", "--interval", "1"])
+    assert res.exit_code == 2 and "interval_s" in res.output
+    res = runner.invoke(app, ["train", "--nodes", "1"])
+    assert res.exit_code == 2 and "nodes" in res.output

@@ -1,0 +1,40 @@
+"""`gpuflow schedule submit|list|cancel` on the twin's default fleet."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from gpuflow.cli_schedule import app
+
+runner = CliRunner()
+
+
+def test_submit_list_cancel() -> None:
+    out = runner.invoke(app, ["submit", "job-a", "--count", "2", "--sku", "a100-40gb", "--steps", "10"])
+    assert out.exit_code == 0, out.output
+    assert "queued job-a: 2 x device of NVIDIA A100-SXM4-40GB" in out.output
+    out = runner.invoke(app, ["submit", "job-b", "--profile", "3g.20gb", "--priority", "5", "--external"])
+    assert out.exit_code == 0, out.output
+    listing = runner.invoke(app, ["list"])
+    assert listing.exit_code == 0
+    assert "job-a" in listing.output and "job-b" in listing.output and "queued" in listing.output
+    assert "*: 2/8" in listing.output  # the any-region queue: 2 of its depth 8
+    out = runner.invoke(app, ["cancel", "job-a"])
+    assert out.exit_code == 0 and "cancelled" in out.output
+    assert "job-a" not in runner.invoke(app, ["list"]).output
+    assert "cancelled" in runner.invoke(app, ["list", "--all"]).output
+
+
+def test_refusals_are_one_line_and_exit_2() -> None:
+    out = runner.invoke(app, ["submit", "huge", "--count", "64", "--sku", "v100"])
+    assert out.exit_code == 2 and "at most 4" in out.output and "Traceback" not in out.output
+    out = runner.invoke(app, ["submit", "bad", "--profile", "3g.20gb", "--sku", "v100"])
+    assert out.exit_code == 2 and "no MIG" in out.output
+    out = runner.invoke(app, ["submit", "x", "--model", "no-such-model"])
+    assert out.exit_code == 2 and "unknown model" in out.output
+    for i in range(2):
+        assert runner.invoke(app, ["submit", f"q{i}", "--queue-depth", "2"]).exit_code == 0
+    out = runner.invoke(app, ["submit", "q2", "--queue-depth", "2"])
+    assert out.exit_code == 2 and "queue depth 2" in out.output
+    out = runner.invoke(app, ["cancel", "nobody"])
+    assert out.exit_code == 2 and "unknown scheduled job" in out.output

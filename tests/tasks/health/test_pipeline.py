@@ -1,0 +1,69 @@
+"""Training outcome, MLflow record and registry, the champion the monitor loads."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL, load_champion
+from tasks.health.monitor import RULES_URI, load_health_model
+from tasks.health.pipeline import log_outcome, score_split
+from tasks.tracking import tracking_uri
+
+
+def test_outcome_compares_every_model(tiny_outcome) -> None:
+    s = tiny_outcome.summary()
+    at = s["test_at_monitor_threshold"]
+    assert set(at) == {"lstm", "gbt", "rules", "random", "oracle"}
+    assert set(s["test_at_tuned_threshold"]) == {"lstm", "gbt", "random"}
+    oracle = at["oracle"]
+    assert oracle["recall"] == 1.0 and oracle["precision"] == 1.0
+    # the abrupt classes have no precursor: nothing but the oracle foresees them
+    for name in ("rules", "lstm", "gbt"):
+        for cls in ("xid79", "ecc-uncorrectable"):
+            rec = at[name]["by_class"][cls]["recall"]
+            assert math.isnan(rec) or rec == 0.0
+    # the rules see every pending remap of an HBM degradation
+    assert at["rules"]["by_class"]["hbm"]["recall"] == 1.0
+    # random alarms are matched to the LSTM's alert rate
+    tuned = tiny_outcome.tuned
+    assert tuned["random"].threshold == pytest.approx(1 - tuned["lstm"].metrics["alert_rate"])
+    metrics = tiny_outcome.headline_metrics()
+    assert "lstm_pr_auc" in metrics and "tuned_gbt_recall" in metrics
+    assert all(not math.isnan(v) for v in metrics.values())
+
+
+def test_record_register_and_load_champion(tiny_outcome) -> None:
+    with pytest.raises(LookupError, match="train one first"):
+        load_champion()
+    model, source = load_health_model(None)
+    assert source.startswith(RULES_URI)  # no champion yet: the rules watch the fleet
+    rec = log_outcome(tiny_outcome, run_name="test")
+    assert rec["registry_uri"] == f"models:/{REGISTERED_MODEL}@{CHAMPION_ALIAS}"
+    client = MlflowClient(tracking_uri())
+    run = client.get_run(rec["run_id"])
+    assert run.data.metrics["oracle_recall"] == 1.0
+    assert "lstm_pr_auc" in run.data.metrics and "rules_precision" in run.data.metrics
+    arts = {a.path for a in client.list_artifacts(rec["run_id"], "evaluation")}
+    assert {"evaluation/pr_curve.png", "evaluation/lead_times.png",
+            "evaluation/summary.json"} <= arts
+    champion = load_champion()
+    test = tiny_outcome  # the loaded champion scores exactly like the trained model
+    w = np.random.default_rng(1).normal(size=(5, champion.window, 20)).astype(np.float32)
+    assert np.allclose(champion.predict_risk(w), test.lstm.predict_risk(w), atol=1e-6)
+    assert load_champion() is champion  # cached per version
+    # a second registration moves the alias
+    rec2 = log_outcome(tiny_outcome, run_name="test-2")
+    assert rec2["model_version"] != rec["model_version"]
+    assert load_champion() is not champion
+    model, source = load_health_model(None)
+    assert source == rec["registry_uri"]
+
+
+def test_score_split_batches(tiny_outcome, tiny_history) -> None:
+    sp = tiny_history.splits["test"]
+    full = tiny_outcome.lstm.predict_risk(sp.windows())
+    assert np.allclose(score_split(tiny_outcome.lstm, sp, batch=1000), full, atol=1e-6)
