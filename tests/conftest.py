@@ -16,6 +16,10 @@ def gpuflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("GPUFLOW_HOME", str(home))
     monkeypatch.setenv("GPUFLOW_BACKEND", "sim")
+    # mlflow.set_tracking_uri also writes these into the environment; without this the
+    # first test's store would leak into every later test of the process.
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     return home
 
 
