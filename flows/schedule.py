@@ -59,11 +59,20 @@ def schedule(
             break
         for job_id in report["to_start"]:
             if mode == "deployment":
-                launched[job_id] = launch_deployment_task(cluster, job_id, train_deployment, cluster_block)
+                launched[job_id] = launch_deployment_task(
+                    cluster, job_id, train_deployment, cluster_block
+                )
             else:
                 out = run_job_task(cluster, storage, job_id)
                 results[job_id] = {
-                    k: out[k] for k in ("steps_done", "resumed_from_step", "stopped_by_request", "run_id", "resource_id")
+                    k: out[k]
+                    for k in (
+                        "steps_done",
+                        "resumed_from_step",
+                        "stopped_by_request",
+                        "run_id",
+                        "resource_id",
+                    )
                 }
         if mode != "in-process":
             break  # deployments run elsewhere; the next scheduled run reaps them

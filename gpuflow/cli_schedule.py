@@ -36,7 +36,9 @@ def _clean(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except ValidationError as exc:
-            errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+            errors = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors()
+            )
             err_console.print(f"[red]error:[/red] {errors}")
             raise typer.Exit(2) from None
         except InvalidRequestError as exc:
@@ -61,52 +63,85 @@ def _service(queue_depth: int | None = None, policy: str | None = None):
 @app.command("submit")
 @_clean
 def submit(
-    job_id: Annotated[str, typer.Argument(help="Job id (names its leases, checkpoints, control channel).")],
+    job_id: Annotated[
+        str, typer.Argument(help="Job id (names its leases, checkpoints, control channel).")
+    ],
     count: Annotated[int, typer.Option(help="Units wanted (the minimum for an elastic job).")] = 1,
     max_count: Annotated[int | None, typer.Option(help="Elastic: grow up to this many.")] = None,
-    profile: Annotated[str | None, typer.Option(help="MIG profile (3g.20gb) or 'vdcu'; none: whole devices.")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="MIG profile (3g.20gb) or 'vdcu'; none: whole devices.")
+    ] = None,
     compute_units: Annotated[int | None, typer.Option("--cu", help="vDCU compute units.")] = None,
     memory_mb: Annotated[int | None, typer.Option(help="vDCU memory in MiB.")] = None,
-    sku: Annotated[list[str] | None, typer.Option(help="Accepted SKU (repeat; preferred first).")] = None,
+    sku: Annotated[
+        list[str] | None, typer.Option(help="Accepted SKU (repeat; preferred first).")
+    ] = None,
     region: Annotated[str | None, typer.Option(help="Region (pool); none: any.")] = None,
-    spill: Annotated[bool, typer.Option(help="May run in another region when its own is full.")] = False,
+    spill: Annotated[
+        bool, typer.Option(help="May run in another region when its own is full.")
+    ] = False,
     priority: Annotated[int, typer.Option(help="Higher preempts lower.")] = 0,
-    policy: Annotated[str | None, typer.Option(help="binpack | spread | first-fit for this job.")] = None,
-    start_in_s: Annotated[float | None, typer.Option(help="A reservation: start this many seconds from now.")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="binpack | spread | first-fit for this job.")
+    ] = None,
+    start_in_s: Annotated[
+        float | None, typer.Option(help="A reservation: start this many seconds from now.")
+    ] = None,
     model: Annotated[str, typer.Option(help="What to train when placed.")] = "llama-tiny",
     steps: Annotated[int, typer.Option(help="Total optimizer steps.")] = 200,
     checkpoint_interval: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 | auto")] = "auto",
-    external: Annotated[bool, typer.Option(help="No training spec: an outside runner uses the placement.")] = False,
-    queue_depth: Annotated[int | None, typer.Option(help="Queue depth to enforce (default 8, or GPUFLOW_QUEUE_DEPTH).")] = None,
+    external: Annotated[
+        bool, typer.Option(help="No training spec: an outside runner uses the placement.")
+    ] = False,
+    queue_depth: Annotated[
+        int | None, typer.Option(help="Queue depth to enforce (default 8, or GPUFLOW_QUEUE_DEPTH).")
+    ] = None,
 ) -> None:
     """Queue a job. Refused at once if no fleet of this shape could run it, or the queue is full."""
     from tasks.scheduling.model import JobRequest
 
     request = JobRequest(
-        job_id=job_id, count=count, max_count=max_count, profile=profile,
-        compute_units=compute_units, memory_mb=memory_mb, skus=tuple(sku or ()),
-        region=region, allow_spill=spill, priority=priority, policy=policy,
+        job_id=job_id,
+        count=count,
+        max_count=max_count,
+        profile=profile,
+        compute_units=compute_units,
+        memory_mb=memory_mb,
+        skus=tuple(sku or ()),
+        region=region,
+        allow_spill=spill,
+        priority=priority,
+        policy=policy,
         start_at_s=time.time() + start_in_s if start_in_s is not None else None,
     )
     train = None
     if not external:
         from tasks.training.spec import TrainSpec
 
-        spec = TrainSpec(job_id=job_id, model=model, steps=steps,
-                         checkpoint_interval=checkpoint_interval, precision=precision)
+        spec = TrainSpec(
+            job_id=job_id,
+            model=model,
+            steps=steps,
+            checkpoint_interval=checkpoint_interval,
+            precision=precision,
+        )
         train = spec.model_dump(exclude={"job_id"})
     service = _service(queue_depth=queue_depth)
     service.submit(request, train=train)
     view = next(v for v in service.jobs() if v.job_id == job_id)
     where = f"position {view.position}" if view.position is not None else view.state
-    console.print(f"[green]queued[/green] {job_id}: {request.describe()}, priority {priority} ({where})")
+    console.print(
+        f"[green]queued[/green] {job_id}: {request.describe()}, priority {priority} ({where})"
+    )
 
 
 @app.command("list")
 @_clean
 def list_jobs(
-    all_jobs: Annotated[bool, typer.Option("--all", help="Include finished, failed and cancelled jobs.")] = False,
+    all_jobs: Annotated[
+        bool, typer.Option("--all", help="Include finished, failed and cancelled jobs.")
+    ] = False,
 ) -> None:
     """Scheduled jobs: the queue in order, then running ones."""
     service = _service()
@@ -118,9 +153,14 @@ def list_jobs(
     for v in views:
         colour = colours.get(v.state, "dim")
         table.add_row(
-            "-" if v.position is None else str(v.position), v.job_id, f"[{colour}]{v.state}[/]",
-            str(v.priority), v.request, "\n".join(v.resource_ids) or "-",
-            v.last_checkpoint_id or "-", str(v.preemptions),
+            "-" if v.position is None else str(v.position),
+            v.job_id,
+            f"[{colour}]{v.state}[/]",
+            str(v.priority),
+            v.request,
+            "\n".join(v.resource_ids) or "-",
+            v.last_checkpoint_id or "-",
+            str(v.preemptions),
         )
     console.print(table)
     pools = service.engine.queue.pools()
@@ -143,7 +183,9 @@ def cancel(job_id: Annotated[str, typer.Argument(help="The job to cancel.")]) ->
 @_clean
 def drain(
     launch: Annotated[str, typer.Option(help="auto | deployment | in-process | none")] = "auto",
-    ack_timeout_s: Annotated[float, typer.Option(help="How long to wait for victims to checkpoint.")] = 120.0,
+    ack_timeout_s: Annotated[
+        float, typer.Option(help="How long to wait for victims to checkpoint.")
+    ] = 120.0,
     policy: Annotated[str | None, typer.Option(help="binpack | spread | first-fit")] = None,
 ) -> None:
     """Run the `schedule` flow once here: place, preempt, start what was placed."""
@@ -162,8 +204,11 @@ def drain(
     for i, p in enumerate(out["passes"], 1):
         victims = [v["job_id"] for pre in p["preemptions"] for v in pre["victims"]]
         table.add_row(
-            str(i), ", ".join(x["job_id"] for x in p["placed"]) or "-", ", ".join(victims) or "-",
-            ", ".join(p["requeued"]) or "-", ", ".join(p["waiting"]) or "-",
+            str(i),
+            ", ".join(x["job_id"] for x in p["placed"]) or "-",
+            ", ".join(victims) or "-",
+            ", ".join(p["requeued"]) or "-",
+            ", ".join(p["waiting"]) or "-",
         )
     console.print(table)
     for job_id, r in out["results"].items():

@@ -19,6 +19,7 @@ The run is also recorded in MLflow (experiment gpuflow-schedule) with a figure.
 from __future__ import annotations
 
 import gc
+import os
 import random
 import time
 from collections.abc import Callable
@@ -57,7 +58,10 @@ def mixed_gang_cost() -> dict[str, Any]:
     """Throughput lost by A100-40GB + V100 gangs against what their members could do."""
     a, v = SKUS[A100_40], SKUS[V100]
     out: dict[str, Any] = {}
-    for precision, ta, tv in (("fp32", a.fp32_tflops, v.fp32_tflops), ("fp16", a.reduced_tflops, v.reduced_tflops)):
+    for precision, ta, tv in (
+        ("fp32", a.fp32_tflops, v.fp32_tflops),
+        ("fp16", a.reduced_tflops, v.reduced_tflops),
+    ):
         for na, nv in ((4, 4), (6, 2), (7, 1), (2, 6)):
             gang = (na + nv) * min(ta, tv)  # every step waits for the slowest member
             members = na * ta + nv * tv
@@ -69,14 +73,18 @@ def mixed_gang_cost() -> dict[str, Any]:
     return out
 
 
-def decision_latency(scale: float, queued: int, seed: int, report: Report, policy: str = "binpack") -> dict[str, Any]:
+def decision_latency(
+    scale: float, queued: int, seed: int, report: Report, policy: str = "binpack"
+) -> dict[str, Any]:
     """Load the fleet to ~full with running jobs (placed by ``policy``: spread leaves every
     node partly used, the hard case for node-local preemption), queue ``queued`` more, then
     time every placement decision of a pass over the queue and preemption decisions for
     high-priority arrivals."""
     groups = study_fleet(scale)
     gpus = fleet_gpus(groups)
-    engine = build_engine(groups, SchedulerConfig(policy=policy, preemption=True, queue_depth=100_000))
+    engine = build_engine(
+        groups, SchedulerConfig(policy=policy, preemption=True, queue_depth=100_000)
+    )
     rng = random.Random(seed)
     trace = synthetic_trace(96, gpus, load=1.0, seed=seed)
     now = 0.0
@@ -106,21 +114,27 @@ def decision_latency(scale: float, queued: int, seed: int, report: Report, polic
     rest = [j for j in rest if _feasible(engine, j)]
     for j in rest[:queued]:
         engine.submit(to_request(j), now + 1, enforce_depth=False)
+    # Wall time, and the decision's own CPU time (thread_time): on a shared machine the
+    # difference is time the OS gave to other processes mid-decision.
     place_ms: list[float] = []
+    place_cpu_ms: list[float] = []
     for job_id in list(engine.queue):
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         engine.place(job_id, now + 2)
         place_ms.append((time.perf_counter() - t0) * 1000)
+        place_cpu_ms.append((time.thread_time() - c0) * 1000)
     # Preemption: high-priority gangs of the trace's shapes arriving on the full fleet.
     preempt_ms: list[float] = []
+    preempt_cpu_ms: list[float] = []
     made = 0
-    shapes = [j for j in rest[queued:] if j.profile is None][: max(50, queued // 4)]
+    shapes = [j for j in rest[queued:] if j.profile is None][: max(50, queued)]
     for k, j in enumerate(shapes):
         req = to_request(j).model_copy(update={"job_id": f"hp{k}", "priority": 100})
         engine.submit(JobRequest.model_validate(req.model_dump()), now + 3, enforce_depth=False)
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         plan = engine.preempt(f"hp{k}", now + 3)
         preempt_ms.append((time.perf_counter() - t0) * 1000)
+        preempt_cpu_ms.append((time.thread_time() - c0) * 1000)
         made += plan is not None
     gc.unfreeze()
     return {
@@ -133,13 +147,16 @@ def decision_latency(scale: float, queued: int, seed: int, report: Report, polic
         "place_p50_ms": round(percentile(place_ms, 50), 4),
         "place_p99_ms": round(percentile(place_ms, 99), 4),
         "place_max_ms": round(max(place_ms), 4) if place_ms else float("nan"),
+        "place_cpu_p99_ms": round(percentile(place_cpu_ms, 99), 4),
         "place_p99_over_goal": round(percentile(place_ms, 99) / PLACE_GOAL_MS, 4),
         "preempt_decisions": len(preempt_ms),
         "preemptions_found": made,
         "preempt_p50_ms": round(percentile(preempt_ms, 50), 4),
         "preempt_p99_ms": round(percentile(preempt_ms, 99), 4),
         "preempt_max_ms": round(max(preempt_ms), 4) if preempt_ms else float("nan"),
+        "preempt_cpu_p99_ms": round(percentile(preempt_cpu_ms, 99), 4),
         "preempt_p99_over_goal": round(percentile(preempt_ms, 99) / PREEMPT_GOAL_MS, 4),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -151,7 +168,9 @@ def _feasible(engine: Any, j: Any) -> bool:
     return True
 
 
-def policy_study(scale: float, hours: float, load: float, seed: int, report: Report) -> dict[str, dict[str, Any]]:
+def policy_study(
+    scale: float, hours: float, load: float, seed: int, report: Report
+) -> dict[str, dict[str, Any]]:
     groups = study_fleet(scale)
     gpus = fleet_gpus(groups)
     trace = synthetic_trace(hours, gpus, load=load, seed=seed)
@@ -174,16 +193,22 @@ def policy_study(scale: float, hours: float, load: float, seed: int, report: Rep
     warmup = min(6.0, hours / 4) * 3600
     for name, policy, fifo, preemption in VARIANTS:
         report(f"simulating {name} on {gpus} GPUs, {len(trace)} jobs")
-        config = SchedulerConfig(policy=policy, fifo=fifo, preemption=preemption, queue_depth=1_000_000)
+        config = SchedulerConfig(
+            policy=policy, fifo=fifo, preemption=preemption, queue_depth=1_000_000
+        )
         r = simulate(
-            groups, trace, config,
-            warmup_s=warmup, horizon_s=hours * 3600,
+            groups,
+            trace,
+            config,
+            warmup_s=warmup,
+            horizon_s=hours * 3600,
             progress=lambda t, name=name: report(f"{name}: {t / 3600:.0f} h simulated"),
         )
         d = r.to_dict()
         out[name] = {
             k: (round(v, 4) if isinstance(v, float) else v)
-            for k, v in d.items() if k not in ("policy", "preemption")
+            for k, v in d.items()
+            if k not in ("policy", "preemption")
         }
     return out
 
@@ -206,8 +231,14 @@ def _record(result: dict[str, Any]) -> str | None:
             if not isinstance(values, dict):
                 continue
             for key, value in values.items():
-                if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
-                    client.log_metric(run.info.run_id, f"{section}.{key}".replace("+", "_"), float(value))
+                if (
+                    isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                    and value == value
+                ):
+                    client.log_metric(
+                        run.info.run_id, f"{section}.{key}".replace("+", "_"), float(value)
+                    )
         names = [v[0] for v in VARIANTS if v[0] in result]
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         for ax, key, label in zip(
@@ -243,13 +274,18 @@ def run(quick: bool = False, report: Report = print) -> dict[str, Any]:
     result["latency"] = latency
     result["latency_fragmented"] = fragmented
     result["mixed_gang"] = mixed_gang_cost()
-    place_p99 = max(result[k]["place_p99_ms"] for k in ("latency", "latency_fragmented"))
-    preempt_p99 = max(result[k]["preempt_p99_ms"] for k in ("latency", "latency_fragmented"))
+    sections = ("latency", "latency_fragmented")
+    place_p99 = max(result[k]["place_p99_ms"] for k in sections)
+    preempt_p99 = max(result[k]["preempt_p99_ms"] for k in sections)
     result["goals"] = {
+        # Judged on wall time (what a caller waits); CPU time shows what the decision itself
+        # costs when the machine is shared (load_avg_1m in the latency sections).
         "place_p99_ms": place_p99,
+        "place_cpu_p99_ms": max(result[k]["place_cpu_p99_ms"] for k in sections),
         "place_goal_ms": PLACE_GOAL_MS,
         "place_goal_met": place_p99 <= PLACE_GOAL_MS,
         "preempt_p99_ms": preempt_p99,
+        "preempt_cpu_p99_ms": max(result[k]["preempt_cpu_p99_ms"] for k in sections),
         "preempt_goal_ms": PREEMPT_GOAL_MS,
         "preempt_goal_met": preempt_p99 <= PREEMPT_GOAL_MS,
         "mixed_4+4_fp16_loss": result["mixed_gang"]["fp16_4a100+4v100_loss"],

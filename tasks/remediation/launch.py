@@ -389,5 +389,11 @@ def _run_train_deployment(
     try:
         flow_run = run_deployment(name=name, parameters=parameters, timeout=0)
     except Exception as exc:  # ObjectNotFound and friends: say which deployment
-        raise LaunchError(f"cannot start deployment {name!r} for job {job_id!r}: {exc}") from exc
+        from prefect.exceptions import ObjectNotFound
+
+        why = (
+            "it is not deployed on this Prefect server (`gpuflow up` applies prefect.yaml)"
+            if isinstance(exc, ObjectNotFound) else f"{type(exc).__name__}: {exc}"
+        )
+        raise LaunchError(f"cannot start deployment {name!r} for job {job_id!r}: {why}") from exc
     return {"launcher": "deployment", "deployment": name, "flow_run_id": str(flow_run.id)}

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hardware.backend import InvalidRequestError, PartitionRequest
-from tasks.scheduling.fleet_index import Dev, FleetIndex, PoolKey, Unit
+from tasks.scheduling.fleet_index import Dev, FleetIndex, PoolKey, Unit, spec_or_none
 from tasks.scheduling.model import (
     CANCELLED,
     DONE_STATES,
@@ -49,7 +49,15 @@ from tasks.scheduling.repartition import RepartitionStep, mig_fit
 
 EXTERNAL = "external:"  # owner prefix of leases the scheduler did not make
 
-Entry = tuple[float, int, int, str, int, bool]  # (cost per unit, priority, -units, job, units, shrink)
+
+def _speed(sku: str) -> float:
+    spec = spec_or_none(sku)
+    return spec.reduced_tflops if spec is not None else -1.0
+
+
+Entry = tuple[
+    float, int, int, str, int, bool
+]  # (cost per unit, priority, -units, job, units, shrink)
 
 
 def _cheapest_cover(
@@ -127,7 +135,9 @@ class Job:
 
 
 class Engine:
-    def __init__(self, config: SchedulerConfig | None = None, fleet: FleetIndex | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig | None = None, fleet: FleetIndex | None = None
+    ) -> None:
         self.config = config or SchedulerConfig()
         self.fleet = fleet or FleetIndex()
         self.jobs: dict[str, Job] = {}
@@ -137,7 +147,9 @@ class Engine:
         # Running jobs per pool, and their priorities: preemption looks only where it helps.
         self._running: dict[PoolKey, dict[str, None]] = {}
         self._running_prio: dict[PoolKey, Counter[int]] = {}
-        self._running_units: dict[PoolKey, Counter[int]] = {}  # units of preemptible jobs by priority
+        self._running_units: dict[
+            PoolKey, Counter[int]
+        ] = {}  # units of preemptible jobs by priority
         # Whole-device units of running jobs per node (node-local gang preemption).
         self._node_jobs: dict[str, Counter[str]] = {}
 
@@ -206,7 +218,9 @@ class Engine:
             allowed_regions = [request.region] + [r for r in regions if r != request.region]
         else:
             allowed_regions = [request.region]
-        in_regions = [s for s in fleet.skus() if any((r, s) in fleet.pools for r in allowed_regions)]
+        in_regions = [
+            s for s in fleet.skus() if any((r, s) in fleet.pools for r in allowed_regions)
+        ]
         skus = list(request.skus) if request.skus else in_regions
         missing = [s for s in skus if s not in in_regions]
         if request.skus and len(missing) == len(skus):
@@ -276,7 +290,9 @@ class Engine:
         for rid in request.resource_ids:
             unit = self.fleet.units.get(rid)
             if unit is None:
-                raise SubmissionRefused(f"unknown resource {rid!r}: not a device or partition of the fleet")
+                raise SubmissionRefused(
+                    f"unknown resource {rid!r}: not a device or partition of the fleet"
+                )
             units.append(unit)
         pools = {u.pool for u in units}
         kinds = {(u.kind, u.profile) for u in units}
@@ -309,14 +325,19 @@ class Engine:
         req = job.request
         if req.skus or policy == "first-fit" or len(pools) < 2:
             return list(pools)
-        # No stated preference: binpack uses the tightest pool that fits, spread the roomiest.
-        # Regions keep their order (home first), SKUs are sorted by free capacity inside one.
+        # No stated preference: the fastest SKU that can take the job (the twin's dense
+        # reduced-precision throughput; SKUs the tables do not know come last), home region
+        # first; pools that cannot take it now go after those that can.
         home = req.region
         free = {p: self.fleet.free_count(p, req.kind, req.profile) for p in pools}
-        sign = -1 if policy == "spread" else 1
         return sorted(
             pools,
-            key=lambda p: (p[0] != home if home else False, free[p] < req.min_units, sign * free[p]),
+            key=lambda p: (
+                p[0] != home if home else False,
+                free[p] < req.min_units,
+                -_speed(p[1]),
+                p,
+            ),
         )
 
     # ==================================================================== placement
@@ -330,9 +351,7 @@ class Engine:
         policy = req.policy or self.config.policy
         if req.resource_ids:
             units = [self.fleet.units[r] for r in req.resource_ids if r in self.fleet.units]
-            if len(units) == len(req.resource_ids) and all(
-                self._usable_for(u, job) for u in units
-            ):
+            if len(units) == len(req.resource_ids) and all(self._usable_for(u, job) for u in units):
                 return self._start(job, units, now)
             return None
         for pool in self._ordered_pools(job, policy):
@@ -387,7 +406,9 @@ class Engine:
             picked = self._pick_parts((pool[0], pool[1], req.profile or ""), more, policy)
         return holds + picked
 
-    def _pick_node_local(self, pool: PoolKey, n: int, policy: str, holds: list[Unit]) -> list[Unit] | None:
+    def _pick_node_local(
+        self, pool: PoolKey, n: int, policy: str, holds: list[Unit]
+    ) -> list[Unit] | None:
         p = self.fleet.pools[pool]
         if holds:
             by_node: dict[str, list[Unit]] = {}
@@ -439,7 +460,11 @@ class Engine:
                 return [units[r] for r in list(p.node_free[node])[:n]]
         if policy == "spread":
             # One device per node, roomiest nodes first, round after round.
-            lists = [list(p.node_free[node]) for k in sorted(p.buckets, reverse=True) for node in p.buckets[k]]
+            lists = [
+                list(p.node_free[node])
+                for k in sorted(p.buckets, reverse=True)
+                for node in p.buckets[k]
+            ]
             i = 0
             while len(out) < n:
                 for rids in lists:
@@ -475,7 +500,9 @@ class Engine:
         units = self.fleet.units
         out: list[Unit] = []
         if policy == "first-fit":
-            order = sorted(pp.dev_free, key=lambda u: (self.fleet.devices[u].node, self.fleet.devices[u].index))
+            order = sorted(
+                pp.dev_free, key=lambda u: (self.fleet.devices[u].node, self.fleet.devices[u].index)
+            )
         else:
             busy = sorted(pp.buckets, reverse=policy != "spread")
             order = [d for b in busy for d in pp.buckets[b]]
@@ -628,8 +655,15 @@ class Engine:
             merge = idle[: req.min_units - len(have)]
         steps = [
             RepartitionStep(
-                job_id=job.job_id, node=d.node, index=d.index, device_uuid=d.uuid, sku=d.sku,
-                kind="mig" if d.mig else VDCU, destroy=tuple(d.parts), create=(), keep=(),
+                job_id=job.job_id,
+                node=d.node,
+                index=d.index,
+                device_uuid=d.uuid,
+                sku=d.sku,
+                kind="mig" if d.mig else VDCU,
+                destroy=tuple(d.parts),
+                create=(),
+                keep=(),
             )
             for d in merge
         ]
@@ -643,18 +677,26 @@ class Engine:
             fleet.set_pending(d, job.job_id)
         job.pool_key = pool
         return Placement(
-            job_id=job.job_id, region=pool[0], sku=pool[1], kind="device",
-            resource_ids=tuple(u.rid for u in have), nodes=tuple(dict.fromkeys(d.node for d in merge)),
+            job_id=job.job_id,
+            region=pool[0],
+            sku=pool[1],
+            kind="device",
+            resource_ids=tuple(u.rid for u in have),
+            nodes=tuple(dict.fromkeys(d.node for d in merge)),
             repartition=tuple(steps),
         )
 
-    def _propose_mig(self, job: Job, pool: PoolKey, need: int, policy: str) -> list[RepartitionStep] | None:
+    def _propose_mig(
+        self, job: Job, pool: PoolKey, need: int, policy: str
+    ) -> list[RepartitionStep] | None:
         fleet = self.fleet
         profile = job.request.profile or ""
         steps: list[RepartitionStep] = []
         used: set[str] = set()
 
-        def step(dev: Dev, fitted: tuple[PartitionRequest, ...], destroy: tuple[str, ...] = ()) -> None:
+        def step(
+            dev: Dev, fitted: tuple[PartitionRequest, ...], destroy: tuple[str, ...] = ()
+        ) -> None:
             keep = tuple(
                 (p.profile or "", p.compute_units, p.memory_mb)
                 for p in dev.parts.values()
@@ -662,8 +704,15 @@ class Engine:
             )
             steps.append(
                 RepartitionStep(
-                    job_id=job.job_id, node=dev.node, index=dev.index, device_uuid=dev.uuid,
-                    sku=dev.sku, kind="mig", destroy=destroy, create=fitted, keep=keep,
+                    job_id=job.job_id,
+                    node=dev.node,
+                    index=dev.index,
+                    device_uuid=dev.uuid,
+                    sku=dev.sku,
+                    kind="mig",
+                    destroy=destroy,
+                    create=fitted,
+                    keep=keep,
                 )
             )
             used.add(dev.uuid)
@@ -706,13 +755,16 @@ class Engine:
             while left > 0:
                 node = self._choose_node(pool, 1, "binpack" if policy != "spread" else "spread")
                 candidates = [
-                    fleet.units[r].dev for r in (p.node_free.get(node, {}) if node else {})
+                    fleet.units[r].dev
+                    for r in (p.node_free.get(node, {}) if node else {})
                     if fleet.units[r].dev.uuid not in used
                 ]
                 if not candidates:
                     # The chosen node's devices are all used by this proposal: scan the rest.
                     candidates = [
-                        fleet.units[r].dev for rids in p.node_free.values() for r in rids
+                        fleet.units[r].dev
+                        for rids in p.node_free.values()
+                        for r in rids
                         if fleet.units[r].dev.uuid not in used
                     ][:1]
                 if not candidates:
@@ -725,7 +777,9 @@ class Engine:
                 left -= len(fitted)
             return left
 
-        order = (additive, whole, idle_parted) if policy == "spread" else (additive, idle_parted, whole)
+        order = (
+            (additive, whole, idle_parted) if policy == "spread" else (additive, idle_parted, whole)
+        )
         left = need
         for stage in order:
             left = stage()
@@ -733,7 +787,9 @@ class Engine:
                 return steps
         return None
 
-    def _propose_vdcu(self, job: Job, pool: PoolKey, need: int, policy: str) -> list[RepartitionStep] | None:
+    def _propose_vdcu(
+        self, job: Job, pool: PoolKey, need: int, policy: str
+    ) -> list[RepartitionStep] | None:
         req = job.request
         if req.compute_units is None or req.memory_mb is None:
             return None  # an unsized vDCU request takes existing vDCUs only
@@ -742,7 +798,12 @@ class Engine:
         steps: list[RepartitionStep] = []
         devs = [fleet.devices[u] for u in fleet.vdcu_budget.get(pool, {})]
         p = fleet.pools[pool]
-        devs += [fleet.units[r].dev for rids in p.node_free.values() for r in rids if fleet.units[r].dev.vdcu]
+        devs += [
+            fleet.units[r].dev
+            for rids in p.node_free.values()
+            for r in rids
+            if fleet.units[r].dev.vdcu
+        ]
         left = need
         for dev in devs:
             room = fleet.vdcu_room(dev)
@@ -757,8 +818,15 @@ class Engine:
             create = tuple(PartitionRequest(VDCU, compute_units=cu, memory_mb=mb) for _ in range(k))
             steps.append(
                 RepartitionStep(
-                    job_id=job.job_id, node=dev.node, index=dev.index, device_uuid=dev.uuid,
-                    sku=dev.sku, kind=VDCU, destroy=(), create=create, keep=keep,
+                    job_id=job.job_id,
+                    node=dev.node,
+                    index=dev.index,
+                    device_uuid=dev.uuid,
+                    sku=dev.sku,
+                    kind=VDCU,
+                    destroy=(),
+                    create=create,
+                    keep=keep,
                 )
             )
             left -= k
@@ -766,14 +834,18 @@ class Engine:
                 return steps
         return None
 
-    def apply_repartition(self, step: RepartitionStep, created: list[tuple[str, PartitionRequest, int, int | None]]) -> list[Unit]:
+    def apply_repartition(
+        self, step: RepartitionStep, created: list[tuple[str, PartitionRequest, int, int | None]]
+    ) -> list[Unit]:
         """Record that ``step`` was carried out: ``created`` lists (new resource id, request
         with its placement, memory MiB, compute units/slices). The new partitions are held
         for the step's job; the device is no longer pending."""
         fleet = self.fleet
         dev = fleet.devices.get(step.device_uuid)
         if dev is None:
-            raise InvalidRequestError(f"repartitioned device {step.device_uuid!r} is not in the fleet")
+            raise InvalidRequestError(
+                f"repartitioned device {step.device_uuid!r} is not in the fleet"
+            )
         job = self.jobs.get(step.job_id)
         if dev.whole.holder == step.job_id:
             fleet.set_holder(dev.whole, None)
@@ -795,8 +867,14 @@ class Engine:
                 prof = dev.spec.mig_profile(req.profile)
                 slices, size = prof.compute_slices, prof.placement_size
             u = fleet.add_partition(
-                dev.uuid, rid, req.profile, kind, memory_mb,
-                compute_units=slices, placement_start=req.placement_start, placement_size=size,
+                dev.uuid,
+                rid,
+                req.profile,
+                kind,
+                memory_mb,
+                compute_units=slices,
+                placement_start=req.placement_start,
+                placement_size=size,
             )
             if job is not None and job.state in (QUEUED, RESERVED):
                 fleet.set_holder(u, job.job_id)
@@ -871,13 +949,20 @@ class Engine:
         )
         return Preemption(job.job_id, unit.dev.region, unit.dev.sku, None, evictions)
 
-    def _risk(self, vid: str, job: Job, now: float, cache: dict[str, tuple[float, float] | None]) -> tuple[float, float] | None:
+    def _risk(
+        self, vid: str, job: Job, now: float, cache: dict[str, tuple[float, float] | None]
+    ) -> tuple[float, float] | None:
         """(work at risk, per allocated unit) of an eligible victim; None if not eligible."""
         if vid in cache:
             return cache[vid]
         v = self.jobs[vid]
         out = None
-        if v.state == RUNNING and v.request.preemptible and v.priority < job.priority and v.allocation:
+        if (
+            v.state == RUNNING
+            and v.request.preemptible
+            and v.priority < job.priority
+            and v.allocation
+        ):
             cost = v.work_at_risk_s(now)
             out = (cost, cost / len(v.allocation))
         cache[vid] = out
@@ -895,9 +980,7 @@ class Engine:
             units = [u for u in units if u.node == node]
         return units
 
-    def _greedy_prefix(
-        self, entries: list[Entry], need: int
-    ) -> list[Entry] | None:
+    def _greedy_prefix(self, entries: list[Entry], need: int) -> list[Entry] | None:
         """The cheapest-per-unit entries, in order, until they cover ``need``: exactly the
         part of the list the greedy of choose_victims looks at."""
         if sum(e[4] for e in entries) < need:
@@ -911,7 +994,9 @@ class Engine:
             got += e[4]
         return out
 
-    def _choices(self, job: Job, prefix: list[Entry], need: int, node: str | None, now: float) -> list[Choice] | None:
+    def _choices(
+        self, job: Job, prefix: list[Entry], need: int, node: str | None, now: float
+    ) -> list[Choice] | None:
         """Candidates (with their unit ids) for the few entries a plan is made of."""
         cands = []
         for _cpu, prio, _neg, vid, _n, shrink in prefix:
@@ -924,7 +1009,14 @@ class Engine:
             cands.append(Candidate(vid, tuple(u.rid for u in units), cost, prio, shrink))
         return choose_victims(need, cands)
 
-    def _entries(self, job: Job, vids: Iterable[tuple[str, int]], now: float, risk: dict[str, tuple[float, float] | None], elastic_whole: bool) -> list[Entry]:
+    def _entries(
+        self,
+        job: Job,
+        vids: Iterable[tuple[str, int]],
+        now: float,
+        risk: dict[str, tuple[float, float] | None],
+        elastic_whole: bool,
+    ) -> list[Entry]:
         """(cost per freed unit, priority, -units, victim, units, shrink) per eligible victim.
         Tier 1 (``elastic_whole`` False) lets elastic jobs give only their surplus."""
         out = []
@@ -941,15 +1033,14 @@ class Engine:
                 out.append((r[0] / n, v.priority, -n, vid, n, False))
         return out
 
-    def _useful_units(self, v: Job, req: JobRequest) -> int:
-        """How many of the victim's units the request could use (same kind and profile)."""
-        if v.request.kind != req.kind:
-            return 0
-        if req.kind == "device":
-            return len(v.allocation)
-        return len(self._victim_units(v, req))
-
-    def _plan_in_pool(self, job: Job, pool: PoolKey, now: float, risk: dict[str, tuple[float, float] | None], bound: float) -> Preemption | None:
+    def _plan_in_pool(
+        self,
+        job: Job,
+        pool: PoolKey,
+        now: float,
+        risk: dict[str, tuple[float, float] | None],
+        bound: float,
+    ) -> Preemption | None:
         req = job.request
         if req.kind == "device" and self._node_local(req, pool):
             p = self.fleet.pools[pool]
@@ -984,7 +1075,9 @@ class Engine:
                     break
                 nj = self._node_jobs[node]
                 for tier in (False, True):
-                    plan = _cheapest_cover(self._entries(job, nj.items(), now, risk, tier), need, risk)
+                    plan = _cheapest_cover(
+                        self._entries(job, nj.items(), now, risk, tier), need, risk
+                    )
                     if plan is not None:
                         break
                 if plan is None:
@@ -995,7 +1088,9 @@ class Engine:
                         break
             if best is None:
                 return None
-            choices = self._choices(job, best[3], req.min_units - p.free_on(best[2]) - held[best[2]], best[2], now)
+            choices = self._choices(
+                job, best[3], req.min_units - p.free_on(best[2]) - held[best[2]], best[2], now
+            )
             if not choices:
                 return None
             return self._preemption(job, pool, best[2], choices, now)
@@ -1051,7 +1146,9 @@ class Engine:
             return None
         return self._preemption(job, pool, None, choices, now)
 
-    def _preemption(self, job: Job, pool: PoolKey, node: str | None, choices: list[Choice], now: float) -> Preemption:
+    def _preemption(
+        self, job: Job, pool: PoolKey, node: str | None, choices: list[Choice], now: float
+    ) -> Preemption:
         evictions = tuple(
             Eviction(
                 job_id=c.candidate.job_id,
@@ -1176,7 +1273,11 @@ class Engine:
             beneficiary = self.jobs.get(job.stop_for or "")
             for u in list(job.allocation.values()):
                 self.fleet.set_owner(u, None)
-                if u.earmark and beneficiary is not None and beneficiary.state in (QUEUED, RESERVED):
+                if (
+                    u.earmark
+                    and beneficiary is not None
+                    and beneficiary.state in (QUEUED, RESERVED)
+                ):
                     self._hold(beneficiary, u)
                 u.earmark = None
             if beneficiary is not None:
@@ -1233,7 +1334,15 @@ class Engine:
         self.fleet.set_device(dev.uuid, healthy=healthy)
 
     # ==================================================================== restoring
-    def restore_running(self, request: JobRequest, seq: int, units: list[str], now: float, started_at_s: float | None = None, checkpoint_at_s: float | None = None) -> Job:
+    def restore_running(
+        self,
+        request: JobRequest,
+        seq: int,
+        units: list[str],
+        now: float,
+        started_at_s: float | None = None,
+        checkpoint_at_s: float | None = None,
+    ) -> Job:
         """Rebuild a running job from durable state (the service's refresh)."""
         job = Job(request=request, seq=seq, state=QUEUED, submitted_at_s=now, shape_version=-1)
         self._seq = max(self._seq, seq)
@@ -1244,7 +1353,9 @@ class Engine:
             return job  # its resources are gone: it waits in the queue
         for u in picked:
             if u.holder is not None or u.owner is not None:
-                raise InvalidRequestError(f"resource {u.rid} restored for {request.job_id!r} is taken")
+                raise InvalidRequestError(
+                    f"resource {u.rid} restored for {request.job_id!r} is taken"
+                )
         self._start(job, picked, started_at_s if started_at_s is not None else now)
         job.checkpoint_at_s = checkpoint_at_s if checkpoint_at_s is not None else now
         return job
@@ -1305,13 +1416,22 @@ class Engine:
         if job.holds or req.resource_ids:
             return None
         return (
-            self._candidates(job), req.kind, req.profile, req.min_units, req.compute_units,
-            req.memory_mb, req.policy, req.region, req.skus,
+            self._candidates(job),
+            req.kind,
+            req.profile,
+            req.min_units,
+            req.compute_units,
+            req.memory_mb,
+            req.policy,
+            req.region,
+            req.skus,
         )
 
     def _reservations(self, now: float) -> list[object]:
         out: list[object] = []
-        for job in sorted(self.reservations.values(), key=lambda j: (j.request.start_at_s or 0, j.seq)):
+        for job in sorted(
+            self.reservations.values(), key=lambda j: (j.request.start_at_s or 0, j.seq)
+        ):
             start = job.request.start_at_s or now
             if now >= start:
                 del self.reservations[job.job_id]
@@ -1347,9 +1467,15 @@ class Engine:
                 node = next(iter(job.holds.values())).node if job.holds else None
                 if node is None:
                     node = max(p.node_free, key=lambda n: len(p.node_free[n]), default=None)
-                picked = [self.fleet.units[r] for r in list(p.node_free.get(node, {}))[:want]] if node else []
+                picked = (
+                    [self.fleet.units[r] for r in list(p.node_free.get(node, {}))[:want]]
+                    if node
+                    else []
+                )
             else:
-                picked = self._pick_whole(pool, min(want, self.fleet.free_count(pool, "device")), "binpack")
+                picked = self._pick_whole(
+                    pool, min(want, self.fleet.free_count(pool, "device")), "binpack"
+                )
             if picked:
                 for u in picked:
                     self._hold(job, u)
@@ -1362,7 +1488,9 @@ class Engine:
             wanted.update(self._candidates(self.jobs[job_id]))
         out: list[Growth] = []
         elastic = [
-            j for key, ids in self._running.items() if key not in wanted
+            j
+            for key, ids in self._running.items()
+            if key not in wanted
             for j in (self.jobs[i] for i in ids)
             if j.state == RUNNING and j.request.elastic and len(j.allocation) < j.request.max_units
         ]
@@ -1415,9 +1543,13 @@ class Engine:
                 pools = {u.pool for u in job.allocation.values()}
                 kinds = {(u.kind, u.profile) for u in job.allocation.values()}
                 if len(pools) > 1 or len(kinds) > 1:
-                    problems.append(f"{job.job_id}: mixed gang {sorted(pools)} {sorted(map(str, kinds))}")
+                    problems.append(
+                        f"{job.job_id}: mixed gang {sorted(pools)} {sorted(map(str, kinds))}"
+                    )
                 if job.state == RUNNING and len(job.allocation) < job.request.min_units:
-                    problems.append(f"{job.job_id}: runs on {len(job.allocation)} < {job.request.min_units}")
+                    problems.append(
+                        f"{job.job_id}: runs on {len(job.allocation)} < {job.request.min_units}"
+                    )
             elif job.allocation:
                 problems.append(f"{job.job_id}: {job.state} but holds an allocation")
             if job.state in DONE_STATES and job.holds:

@@ -131,7 +131,9 @@ def kubernetes_job_variables(resources: Sequence[Resource], job_id: str) -> dict
 
             total_cu = sku_spec(first.sku).compute_units or 1
             limits["hygon.com/dcumem"] = str(first.memory_mb)
-            limits["hygon.com/dcucores"] = str(max(1, round(100 * (first.compute_units or 0) / total_cu)))
+            limits["hygon.com/dcucores"] = str(
+                max(1, round(100 * (first.compute_units or 0) / total_cu))
+            )
         annotations[DCU_TYPE_ANNOTATION] = dcu_type(first.sku)
     else:
         name = "nvidia.com/gpu" if first.kind == "device" else f"nvidia.com/mig-{first.profile}"

@@ -30,7 +30,7 @@ PartKey = tuple[str, str, str]  # (region, sku, profile)
 Signature = tuple[tuple[int, int, int, str], ...]  # (start, size, compute slices, profile)
 
 
-def _spec_or_none(name: str) -> SkuSpec | None:
+def spec_or_none(name: str) -> SkuSpec | None:
     try:
         return sku_spec(name)
     except InvalidRequestError:
@@ -107,17 +107,17 @@ class Dev:
 
     @property
     def whole_free(self) -> bool:
-        return (
-            self.available
-            and not self.parts
-            and self.whole.free
-            and self.pending_for is None
-        )
+        return self.available and not self.parts and self.whole.free and self.pending_for is None
 
     def signature(self) -> Signature:
         return tuple(
             sorted(
-                (p.placement_start or 0, p.placement_size or 0, p.compute_units or 0, p.profile or "")
+                (
+                    p.placement_start or 0,
+                    p.placement_size or 0,
+                    p.compute_units or 0,
+                    p.profile or "",
+                )
                 for p in self.parts.values()
             )
         )
@@ -224,7 +224,7 @@ class FleetIndex:
             raise InvalidRequestError(f"device {uuid!r} is on unknown node {node!r}")
         if uuid in self.units:
             raise InvalidRequestError(f"resource id {uuid!r} added twice to the scheduler's index")
-        spec = _spec_or_none(sku)
+        spec = spec_or_none(sku)
         kinds = set(partition_kinds)
         dev = Dev(
             uuid=uuid,
@@ -293,7 +293,9 @@ class FleetIndex:
         if unit is None or unit.kind == "device":
             raise InvalidRequestError(f"no partition {rid!r} in the scheduler's index")
         if not unit.free:
-            raise InvalidRequestError(f"partition {rid!r} is in use by {unit.owner or unit.holder!r}")
+            raise InvalidRequestError(
+                f"partition {rid!r} is in use by {unit.owner or unit.holder!r}"
+            )
         dev = unit.dev
         self._unindex(dev)
         del dev.parts[rid]
@@ -317,7 +319,9 @@ class FleetIndex:
         dev.pending_for = job_id
         self._index(dev)
 
-    def set_device(self, uuid: str, *, healthy: bool | None = None, cordoned: bool | None = None) -> Dev:
+    def set_device(
+        self, uuid: str, *, healthy: bool | None = None, cordoned: bool | None = None
+    ) -> Dev:
         dev = self.devices.get(uuid)
         if dev is None:
             raise InvalidRequestError(f"no device {uuid!r} in the scheduler's index")

@@ -45,7 +45,11 @@ class QueueFullError(SubmissionRefused):
     def __init__(self, pool: str, waiting: int, depth: int) -> None:
         self.pool = pool
         self.depth = depth
-        where = "jobs that name no region already wait" if pool == ANY_REGION else f"jobs already wait in pool {pool!r}"
+        where = (
+            "jobs that name no region already wait"
+            if pool == ANY_REGION
+            else f"jobs already wait in pool {pool!r}"
+        )
         key = "" if pool == ANY_REGION else f"{pool}="
         super().__init__(
             f"queue full: {waiting} {where} (queue depth {depth}). "
@@ -82,14 +86,20 @@ class JobRequest(BaseModel):
     )
     compute_units: int | None = Field(default=None, ge=1, description="vDCU compute units.")
     memory_mb: int | None = Field(default=None, ge=1, description="vDCU memory (MiB).")
-    skus: tuple[str, ...] = Field(default=(), description="Accepted SKUs, preferred first; empty: any.")
+    skus: tuple[str, ...] = Field(
+        default=(), description="Accepted SKUs, preferred first; empty: any."
+    )
     region: str | None = Field(default=None, description="Region (pool); None: any region.")
-    allow_spill: bool = Field(default=False, description="May run in another region if its own is full.")
+    allow_spill: bool = Field(
+        default=False, description="May run in another region if its own is full."
+    )
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
     policy: Literal["binpack", "spread", "first-fit"] | None = None
     resource_ids: tuple[str, ...] = Field(default=(), description="Pin the job to these resources.")
     start_at_s: float | None = Field(default=None, description="A reservation: start at this time.")
-    duration_s: float | None = Field(default=None, gt=0, description="Expected run time (estimate).")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="Expected run time (estimate)."
+    )
     preemptible: bool = True
 
     @field_validator("job_id")
@@ -218,7 +228,9 @@ class SchedulerConfig:
             raise InvalidRequestError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
         for pool, depth in {"default": self.queue_depth, **dict(self.queue_depths)}.items():
             if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-                raise InvalidRequestError(f"queue depth for {pool} must be an integer >= 1, got {depth!r}")
+                raise InvalidRequestError(
+                    f"queue depth for {pool} must be an integer >= 1, got {depth!r}"
+                )
         if self.reservation_lead_s < 0 or self.lease_ttl_s <= 0:
             raise InvalidRequestError("reservation_lead_s must be >= 0 and lease_ttl_s > 0")
 
@@ -304,8 +316,13 @@ class Preemption:
             "sku": self.sku,
             "node": self.node,
             "victims": [
-                {"job_id": e.job_id, "action": e.action, "release": list(e.release),
-                 "work_at_risk_s": round(e.work_at_risk_s, 3), "priority": e.priority}
+                {
+                    "job_id": e.job_id,
+                    "action": e.action,
+                    "release": list(e.release),
+                    "work_at_risk_s": round(e.work_at_risk_s, 3),
+                    "priority": e.priority,
+                }
                 for e in self.evictions
             ],
         }

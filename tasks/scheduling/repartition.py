@@ -72,9 +72,7 @@ class RepartitionStep:
             "sku": self.sku,
             "kind": self.kind,
             "destroy": list(self.destroy),
-            "create": [
-                {k: v for k, v in vars(r).items() if v is not None} for r in self.create
-            ],
+            "create": [{k: v for k, v in vars(r).items() if v is not None} for r in self.create],
             "plan": self.plan_document(),
         }
 
@@ -87,7 +85,9 @@ def plan_for(steps: list[RepartitionStep] | tuple[RepartitionStep, ...]) -> dict
 
 
 @lru_cache(maxsize=4096)
-def mig_fit(spec: SkuSpec, layout: Signature, profile: str, want: int) -> tuple[PartitionRequest, ...]:
+def mig_fit(
+    spec: SkuSpec, layout: Signature, profile: str, want: int
+) -> tuple[PartitionRequest, ...]:
     """The most instances of ``profile`` (up to ``want``) that fit beside ``layout``, with
     their placements; () when none does or the SKU lacks the profile."""
     if not spec.supports_mig or all(p.name != profile for p in spec.mig_profiles):
@@ -97,7 +97,9 @@ def mig_fit(spec: SkuSpec, layout: Signature, profile: str, want: int) -> tuple[
     best: tuple[PartitionRequest, ...] = ()
     for m in range(1, want + 1):
         try:
-            fitted = fit_mig(spec.name, spec.mig_profiles, [PartitionRequest(profile)] * m, existing, counts)
+            fitted = fit_mig(
+                spec.name, spec.mig_profiles, [PartitionRequest(profile)] * m, existing, counts
+            )
         except LayoutError:
             break
         best = tuple(fitted)

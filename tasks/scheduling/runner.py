@@ -58,15 +58,19 @@ def run_scheduled_job(
         experiment_id,
         run_name=job_id,
         tags={
-            "gpuflow.job_id": job_id, "gpuflow.scheduled": "true", "gpuflow.node": res.node,
-            "gpuflow.sku": res.sku, "gpuflow.resource_id": res.resource_id,
+            "gpuflow.job_id": job_id,
+            "gpuflow.scheduled": "true",
+            "gpuflow.node": res.node,
+            "gpuflow.sku": res.sku,
+            "gpuflow.resource_id": res.resource_id,
             "gpuflow.partition": res.profile or "whole-device",
             "gpuflow.precision_policy": spec.precision,
         },
     )
     run_id = run.info.run_id
     client.log_batch(
-        run_id, params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()]
+        run_id,
+        params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()],
     )
     try:
         result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
@@ -79,7 +83,9 @@ def run_scheduled_job(
             client.log_metric(run_id, key, float(value))
     client.set_tag(run_id, "gpuflow.stopped_by_request", str(result.stopped_by_request).lower())
     client.set_terminated(run_id, "FINISHED")
-    release_placement(cluster, binding, job_id, ok=True, stopped_by_request=result.stopped_by_request)
+    release_placement(
+        cluster, binding, job_id, ok=True, stopped_by_request=result.stopped_by_request
+    )
     return {"run_id": run_id, "resource_id": res.resource_id, **result.to_dict()}
 
 

@@ -159,17 +159,32 @@ class SchedulerService:
             else:
                 cordoned_devices.add(c.device_uuid)
         for n in inv.nodes():
-            fleet.add_node(n.name, n.region, active=n.role == "active", cordoned=n.name in cordoned_nodes)
+            fleet.add_node(
+                n.name, n.region, active=n.role == "active", cordoned=n.name in cordoned_nodes
+            )
         for d in inv.devices(present=True):
             fleet.add_device(
-                d.node, d.index, d.uuid, d.sku, d.vendor, d.memory_total_mb, d.partition_kinds,
-                healthy=d.healthy, cordoned=d.uuid in cordoned_devices,
+                d.node,
+                d.index,
+                d.uuid,
+                d.sku,
+                d.vendor,
+                d.memory_total_mb,
+                d.partition_kinds,
+                healthy=d.healthy,
+                cordoned=d.uuid in cordoned_devices,
             )
         for p in inv.partitions():
             if p.device_uuid in fleet.devices:
                 fleet.add_partition(
-                    p.device_uuid, p.uuid, p.profile, p.kind, p.memory_mb,
-                    p.compute_units, p.placement_start, p.placement_size,
+                    p.device_uuid,
+                    p.uuid,
+                    p.profile,
+                    p.kind,
+                    p.memory_mb,
+                    p.compute_units,
+                    p.placement_start,
+                    p.placement_size,
                 )
         leases = inv.leases()
         self._lease_of = {lease.resource_id: lease for lease in leases}
@@ -189,8 +204,12 @@ class SchedulerService:
             units += sorted(self._owned.get(r.job_id, set()) - set(units))
             try:
                 restored = engine.restore_running(
-                    self._request(r), s.get("seq", 0), units, now,
-                    started_at_s=s.get("started_at_s"), checkpoint_at_s=r.updated_at_s,
+                    self._request(r),
+                    s.get("seq", 0),
+                    units,
+                    now,
+                    started_at_s=s.get("started_at_s"),
+                    checkpoint_at_s=r.updated_at_s,
                 )
                 restored.preemptions = int(s.get("preemptions", 0))
                 restored.last_checkpoint_id = r.last_checkpoint_id
@@ -233,9 +252,13 @@ class SchedulerService:
         self.engine = engine
         return engine
 
-    def _restore_queued(self, engine: Engine, req: JobRequest, s: dict[str, Any], now: float) -> Job:
+    def _restore_queued(
+        self, engine: Engine, req: JobRequest, s: dict[str, Any], now: float
+    ) -> Job:
         try:
-            return engine.submit(req, s.get("submitted_at_s", now), seq=s.get("seq"), enforce_depth=False)
+            return engine.submit(
+                req, s.get("submitted_at_s", now), seq=s.get("seq"), enforce_depth=False
+            )
         except InvalidRequestError:
             # Admitted once, infeasible now (the fleet shrank): keep it waiting, never drop it.
             job = Job(request=req, seq=int(s.get("seq", 0)), state=QUEUED, submitted_at_s=now)
@@ -252,7 +275,9 @@ class SchedulerService:
         return JobRequest.model_validate(record.spec["request"])
 
     # ================================================================= writing
-    def _write(self, job_id: str, state: str, *, resource_ids: list[str] | None = None, **sched: Any) -> JobRecord:
+    def _write(
+        self, job_id: str, state: str, *, resource_ids: list[str] | None = None, **sched: Any
+    ) -> JobRecord:
         record = self.inventory.job(job_id)
         merged = {**self._sched(record), **sched}
         fields: dict[str, Any] = {"sched": merged}
@@ -320,9 +345,16 @@ class SchedulerService:
         spec = {"kind": SPEC_KIND, "request": request.model_dump(mode="json"), "train": train}
         self.inventory.record_job(request.job_id, spec, state="queued")
         sched = {
-            "seq": self._next_seq(), "phase": job.state, "pool": request.pool,
-            "submitted_at_s": now, "preemptions": 0, "stop_request_id": None,
-            "stop_for": None, "stop_action": None, "release": [], "cancel_requested": False,
+            "seq": self._next_seq(),
+            "phase": job.state,
+            "pool": request.pool,
+            "submitted_at_s": now,
+            "preemptions": 0,
+            "stop_request_id": None,
+            "stop_for": None,
+            "stop_action": None,
+            "release": [],
+            "cancel_requested": False,
         }
         job.seq = sched["seq"]
         return self._write(request.job_id, "queued", resource_ids=[], **sched)
@@ -347,8 +379,14 @@ class SchedulerService:
             self._write(job_id, "failed", phase=CANCELLED, reason="cancelled")
             return CANCELLED
         request_id = self.inventory.request_control(job_id, STOP)
-        self._write(job_id, record.state, phase="stopping", stop_action="cancel",
-                    stop_request_id=request_id, cancel_requested=True)
+        self._write(
+            job_id,
+            record.state,
+            phase="stopping",
+            stop_action="cancel",
+            stop_request_id=request_id,
+            cancel_requested=True,
+        )
         return "stopping"
 
     # ================================================================= the pass
@@ -423,7 +461,8 @@ class SchedulerService:
             # After the ack the loop still writes "checkpointed": wait for that write (or
             # a grace period), or it could land after a re-placement and undo it.
             stopped = record.state == "checkpointed" or (
-                job.state == STOPPING and acked is not None
+                job.state == STOPPING
+                and acked is not None
                 and now - (acked.acked_at_s or 0.0) > ACK_GRACE_S
             )
             if record.state == "checkpointed" and job.state == QUEUED:
@@ -431,12 +470,21 @@ class SchedulerService:
                 ckpt = (acked.checkpoint_id if acked else None) or record.last_checkpoint_id
                 if s.get("cancel_requested"):
                     engine.cancel(job_id, now)
-                    self._write(job_id, "failed", resource_ids=[], phase=CANCELLED, reason="cancelled")
+                    self._write(
+                        job_id, "failed", resource_ids=[], phase=CANCELLED, reason="cancelled"
+                    )
                     continue
                 self._write(
-                    job_id, "queued", resource_ids=[], phase=QUEUED, resume_checkpoint=ckpt,
+                    job_id,
+                    "queued",
+                    resource_ids=[],
+                    phase=QUEUED,
+                    resume_checkpoint=ckpt,
                     preemptions=int(s.get("preemptions", 0)) + (1 if s.get("stop_for") else 0),
-                    stop_request_id=None, stop_for=None, stop_action=None, release=[],
+                    stop_request_id=None,
+                    stop_for=None,
+                    stop_action=None,
+                    release=[],
                 )
                 job.preemptions = int(s.get("preemptions", 0)) + (1 if s.get("stop_for") else 0)
                 report.requeued.append(job_id)
@@ -452,13 +500,26 @@ class SchedulerService:
                 if beneficiary and beneficiary in engine.jobs:
                     self._sync_leases(engine.jobs[beneficiary], report)
                 if job.state == CANCELLED:
-                    self._write(job_id, "failed", resource_ids=[], phase=CANCELLED, reason="cancelled",
-                                stop_request_id=None)
+                    self._write(
+                        job_id,
+                        "failed",
+                        resource_ids=[],
+                        phase=CANCELLED,
+                        reason="cancelled",
+                        stop_request_id=None,
+                    )
                     continue
                 self._write(
-                    job_id, "queued", resource_ids=[], phase=QUEUED, resume_checkpoint=ckpt,
-                    preemptions=job.preemptions, stop_request_id=None, stop_for=None,
-                    stop_action=None, release=[],
+                    job_id,
+                    "queued",
+                    resource_ids=[],
+                    phase=QUEUED,
+                    resume_checkpoint=ckpt,
+                    preemptions=job.preemptions,
+                    stop_request_id=None,
+                    stop_for=None,
+                    stop_action=None,
+                    release=[],
                 )
                 report.requeued.append(job_id)
                 continue
@@ -474,12 +535,27 @@ class SchedulerService:
                     self._answer_stale_stop(s, record)
                     if s.get("cancel_requested"):
                         engine.cancel(job_id, now)
-                        self._write(job_id, "failed", resource_ids=[], phase=CANCELLED,
-                                    reason="cancelled", stop_request_id=None)
+                        self._write(
+                            job_id,
+                            "failed",
+                            resource_ids=[],
+                            phase=CANCELLED,
+                            reason="cancelled",
+                            stop_request_id=None,
+                        )
                         continue
-                    self._write(job_id, "queued", resource_ids=[], phase=QUEUED,
-                                resume_checkpoint=record.last_checkpoint_id, lost_at_s=now,
-                                stop_request_id=None, stop_for=None, stop_action=None, release=[])
+                    self._write(
+                        job_id,
+                        "queued",
+                        resource_ids=[],
+                        phase=QUEUED,
+                        resume_checkpoint=record.last_checkpoint_id,
+                        lost_at_s=now,
+                        stop_request_id=None,
+                        stop_for=None,
+                        stop_action=None,
+                        release=[],
+                    )
                     report.lost.append(job_id)
             elif job.state == QUEUED and record.state == "running":
                 # Restored without any of its resources (its leases lapsed, or the devices
@@ -487,12 +563,27 @@ class SchedulerService:
                 self._answer_stale_stop(s, record)
                 if s.get("cancel_requested"):
                     engine.cancel(job_id, now)
-                    self._write(job_id, "failed", resource_ids=[], phase=CANCELLED,
-                                reason="cancelled", stop_request_id=None)
+                    self._write(
+                        job_id,
+                        "failed",
+                        resource_ids=[],
+                        phase=CANCELLED,
+                        reason="cancelled",
+                        stop_request_id=None,
+                    )
                     continue
-                self._write(job_id, "queued", resource_ids=[], phase=QUEUED,
-                            resume_checkpoint=record.last_checkpoint_id, lost_at_s=now,
-                            stop_request_id=None, stop_for=None, stop_action=None, release=[])
+                self._write(
+                    job_id,
+                    "queued",
+                    resource_ids=[],
+                    phase=QUEUED,
+                    resume_checkpoint=record.last_checkpoint_id,
+                    lost_at_s=now,
+                    stop_request_id=None,
+                    stop_for=None,
+                    stop_action=None,
+                    release=[],
+                )
                 report.lost.append(job_id)
 
     def _answer_stale_stop(self, sched: dict[str, Any], record: JobRecord) -> None:
@@ -517,8 +608,15 @@ class SchedulerService:
                 job = engine.jobs[d.job_id]
                 self._sync_leases(job, report)
                 rid = self.inventory.request_control(d.job_id, STOP)
-                self._write(d.job_id, "running", phase="stopping", stop_action="grow",
-                            stop_request_id=rid, stop_for=None, release=[])
+                self._write(
+                    d.job_id,
+                    "running",
+                    phase="stopping",
+                    stop_action="grow",
+                    stop_request_id=rid,
+                    stop_for=None,
+                    release=[],
+                )
                 report.growths.append({"job_id": d.job_id, "add": list(d.add)})
             elif isinstance(d, HoldChange):
                 self._sync_leases(engine.jobs[d.job_id], report)
@@ -533,9 +631,17 @@ class SchedulerService:
         resources = [self.inventory.resource(r) for r in d.resource_ids]
         env = run_environment(resources, d.job_id, self.backend.name if self.backend else "unknown")
         self._write(
-            d.job_id, "running", resource_ids=list(d.resource_ids), phase=RUNNING,
-            started_at_s=now, placement=d.to_dict(), env=env.to_dict(),
-            stop_request_id=None, stop_for=None, stop_action=None, release=[],
+            d.job_id,
+            "running",
+            resource_ids=list(d.resource_ids),
+            phase=RUNNING,
+            started_at_s=now,
+            placement=d.to_dict(),
+            env=env.to_dict(),
+            stop_request_id=None,
+            stop_for=None,
+            stop_action=None,
+            release=[],
         )
         report.placed.append({**d.to_dict(), "env": env.to_dict()})
 
@@ -544,8 +650,13 @@ class SchedulerService:
             rid = self.inventory.request_control(e.job_id, STOP)
             record = self._records[e.job_id]
             self._write(
-                e.job_id, record.state, phase="stopping", stop_action=e.action,
-                stop_for=d.job_id, release=list(e.release), stop_request_id=rid,
+                e.job_id,
+                record.state,
+                phase="stopping",
+                stop_action=e.action,
+                stop_for=d.job_id,
+                release=list(e.release),
+                stop_request_id=rid,
             )
         report.preemptions.append(d.to_dict())
 
@@ -563,7 +674,9 @@ class SchedulerService:
                 created = self._apply_step(step)
             except HardwareError as exc:
                 engine.abandon_repartition(step)
-                report.errors.append(f"{d.job_id}: repartition of {step.node}:{step.index} failed: {exc}")
+                report.errors.append(
+                    f"{d.job_id}: repartition of {step.node}:{step.index} failed: {exc}"
+                )
                 continue
             engine.apply_repartition(step, created)
             done.append(step.to_dict())
@@ -576,7 +689,9 @@ class SchedulerService:
                 return
         self._sync_leases(job, report)  # it holds what was made for it; placed next pass
 
-    def _apply_step(self, step: RepartitionStep) -> list[tuple[str, PartitionRequest, int, int | None]]:
+    def _apply_step(
+        self, step: RepartitionStep
+    ) -> list[tuple[str, PartitionRequest, int, int | None]]:
         backend = self.backend
         assert backend is not None
         if step.create and step.kind == "mig" and not backend.partition_mode(step.node, step.index):
@@ -593,8 +708,12 @@ class SchedulerService:
         return [
             (
                 p.uuid,
-                PartitionRequest(p.profile, p.placement_start, p.compute_units if p.kind == "vdcu" else None,
-                                 p.memory_mb if p.kind == "vdcu" else None),
+                PartitionRequest(
+                    p.profile,
+                    p.placement_start,
+                    p.compute_units if p.kind == "vdcu" else None,
+                    p.memory_mb if p.kind == "vdcu" else None,
+                ),
                 p.memory_mb,
                 p.compute_units,
             )
@@ -602,7 +721,9 @@ class SchedulerService:
         ]
 
     # ================================================================= one job now
-    def place_one(self, job_id: str, *, preempt: bool = False, ack_timeout_s: float = 0.0) -> Placement | None:
+    def place_one(
+        self, job_id: str, *, preempt: bool = False, ack_timeout_s: float = 0.0
+    ) -> Placement | None:
         """Try to place one queued job now (no other job is touched, except victims when
         ``preempt``); returns its placement, or None while it must wait."""
         deadline = time.monotonic() + max(0.0, ack_timeout_s)
@@ -638,8 +759,12 @@ class SchedulerService:
         units = list(job.allocation.values())
         assert job.pool_key is not None
         return Placement(
-            job_id=job.job_id, region=job.pool_key[0], sku=job.pool_key[1], kind=units[0].kind,
-            resource_ids=tuple(u.rid for u in units), nodes=tuple(dict.fromkeys(u.node for u in units)),
+            job_id=job.job_id,
+            region=job.pool_key[0],
+            sku=job.pool_key[1],
+            kind=units[0].kind,
+            resource_ids=tuple(u.rid for u in units),
+            nodes=tuple(dict.fromkeys(u.node for u in units)),
         )
 
     def job_done(self, job_id: str, ok: bool = True, stopped_by_request: bool = False) -> None:
@@ -652,7 +777,9 @@ class SchedulerService:
         for lease in self.inventory.leases(owner=job_id):
             self.inventory.release_lease(lease.resource_id, job_id)
         s = self._sched(record)
-        self.inventory.set_job_state(job_id, state, sched={**s, "phase": FINISHED if ok else FAILED})
+        self.inventory.set_job_state(
+            job_id, state, sched={**s, "phase": FINISHED if ok else FAILED}
+        )
 
     # ================================================================= reading
     def resources(self, job_id: str) -> list[Resource]:
@@ -676,7 +803,9 @@ class SchedulerService:
                     priority=req.priority,
                     request=req.describe(),
                     pool=req.pool,
-                    resource_ids=tuple(job.allocation) if job and job.allocation else tuple(record.resource_ids),
+                    resource_ids=tuple(job.allocation)
+                    if job and job.allocation
+                    else tuple(record.resource_ids),
                     last_checkpoint_id=record.last_checkpoint_id,
                     preemptions=int(s.get("preemptions", 0)),
                     submitted_at_s=float(s.get("submitted_at_s", record.created_at_s)),

@@ -55,15 +55,24 @@ def build_engine(groups: tuple[NodeGroup, ...], config: SchedulerConfig) -> Engi
             kinds = ("mig",) if spec.supports_mig else ("vdcu",) if spec.supports_vdcu else ()
             for i in range(g.per_node):
                 counter += 1
-                fleet.add_device(name, i, f"D{counter:06d}", g.sku, spec.vendor, spec.memory_total_mb, kinds)
+                fleet.add_device(
+                    name, i, f"D{counter:06d}", g.sku, spec.vendor, spec.memory_total_mb, kinds
+                )
     return engine
 
 
 def to_request(j: TraceJob) -> JobRequest:
     return JobRequest(
-        job_id=j.job_id, count=j.count, max_count=j.max_count, profile=j.profile,
-        compute_units=j.compute_units, memory_mb=j.memory_mb, skus=j.skus, region=j.region,
-        allow_spill=j.allow_spill, priority=j.priority,
+        job_id=j.job_id,
+        count=j.count,
+        max_count=j.max_count,
+        profile=j.profile,
+        compute_units=j.compute_units,
+        memory_mb=j.memory_mb,
+        skus=j.skus,
+        region=j.region,
+        allow_spill=j.allow_spill,
+        priority=j.priority,
     )
 
 
@@ -148,9 +157,16 @@ class Simulator:
         self.config = config
         self.trace = trace
         self.runs = {j.job_id: _Run(j, j.work_s) for j in trace}
-        self.tick_s, self.ack_s, self.restart_s, self.reconfig_s = tick_s, ack_s, restart_s, reconfig_s
+        self.tick_s, self.ack_s, self.restart_s, self.reconfig_s = (
+            tick_s,
+            ack_s,
+            restart_s,
+            reconfig_s,
+        )
         self.warmup_s = warmup_s
-        self.horizon_s = horizon_s if horizon_s is not None else (trace[-1].arrival_s if trace else 0.0)
+        self.horizon_s = (
+            horizon_s if horizon_s is not None else (trace[-1].arrival_s if trace else 0.0)
+        )
         self.timing = timing
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
@@ -254,7 +270,12 @@ class Simulator:
             run = self.runs[job_id]
             if kind == ARRIVE:
                 try:
-                    engine.submit(to_request(run.job), t, enforce_depth=False, checkpoint_every_s=run.job.checkpoint_every_s)
+                    engine.submit(
+                        to_request(run.job),
+                        t,
+                        enforce_depth=False,
+                        checkpoint_every_s=run.job.checkpoint_every_s,
+                    )
                 except SubmissionRefused:
                     self.refused.add(job_id)  # bigger than any pool of this fleet
                     continue
@@ -367,12 +388,21 @@ class Simulator:
 
     def _result(self, wall_s: float) -> SimResult:
         runs = [r for r in self.runs.values() if r.job.job_id not in self.refused]
-        delays = [r.first_start - r.job.arrival_s for r in runs if r.first_start is not None and r.job.arrival_s >= self.warmup_s]
+        delays = [
+            r.first_start - r.job.arrival_s
+            for r in runs
+            if r.first_start is not None and r.job.arrival_s >= self.warmup_s
+        ]
         waiting = [  # still waiting at the horizon: the wait so far (a lower bound)
-            self.horizon_s - r.job.arrival_s for r in runs
+            self.horizon_s - r.job.arrival_s
+            for r in runs
             if r.first_start is None and self.warmup_s <= r.job.arrival_s < self.horizon_s
         ]
-        jct = [r.finished_at - r.job.arrival_s for r in runs if r.finished_at is not None and r.job.arrival_s >= self.warmup_s]
+        jct = [
+            r.finished_at - r.job.arrival_s
+            for r in runs
+            if r.finished_at is not None and r.job.arrival_s >= self.warmup_s
+        ]
         high = [r for r in runs if r.job.priority > 0 and r.job.arrival_s >= self.warmup_s]
         jct_high = [r.finished_at - r.job.arrival_s for r in high if r.finished_at is not None]
         delay_high = [r.first_start - r.job.arrival_s for r in high if r.first_start is not None]
@@ -409,7 +439,9 @@ class Simulator:
                 "queue_delay_gang8_p99_s": percentile(
                     [d for d, r in self._delays() if (r.job.max_count or r.job.count) >= 8], 99
                 ),
-                "queue_delay_low_p99_s": percentile([d for d, r in self._delays() if r.job.priority == 0], 99),
+                "queue_delay_low_p99_s": percentile(
+                    [d for d, r in self._delays() if r.job.priority == 0], 99
+                ),
                 "jct_mean_s": sum(jct) / len(jct) if jct else float("nan"),
             },
         )

@@ -53,7 +53,9 @@ def study_fleet(scale: float = 1.0) -> tuple[NodeGroup, ...]:
     )
     if scale == 1.0:
         return groups
-    return tuple(NodeGroup(g.region, g.sku, max(1, round(g.nodes * scale)), g.per_node) for g in groups)
+    return tuple(
+        NodeGroup(g.region, g.sku, max(1, round(g.nodes * scale)), g.per_node) for g in groups
+    )
 
 
 def fleet_gpus(groups: tuple[NodeGroup, ...]) -> int:
@@ -87,11 +89,20 @@ class TraceJob:
 class TraceSettings:
     # Size buckets (GPUs, probability): 1 | 2-4 | 5-8 | >8, Philly's buckets.
     sizes: tuple[tuple[int, float], ...] = (
-        (1, 0.70), (2, 0.08), (4, 0.09), (8, 0.09), (16, 0.025), (32, 0.01), (64, 0.005),
+        (1, 0.70),
+        (2, 0.08),
+        (4, 0.09),
+        (8, 0.09),
+        (16, 0.025),
+        (32, 0.01),
+        (64, 0.005),
     )
     # Lognormal run time per size: (median seconds, sigma); capped at max_duration_s.
     durations: tuple[tuple[int, float, float], ...] = (
-        (1, 1200.0, 1.6), (4, 2400.0, 1.6), (8, 3600.0, 1.5), (64, 7200.0, 1.4),
+        (1, 1200.0, 1.6),
+        (4, 2400.0, 1.6),
+        (8, 3600.0, 1.5),
+        (64, 7200.0, 1.4),
     )
     max_duration_s: float = 3 * 86400.0
     # What a job accepts: (share, SKUs).
@@ -191,9 +202,7 @@ def synthetic_trace(
         for _ in range(k):
             jobs.append(_job(rng, s, start + rng.uniform(0, 300.0), template))
     jobs.sort(key=lambda j: j.arrival_s)
-    return [
-        TraceJob(**{**vars(j), "job_id": f"t{i:06d}"}) for i, j in enumerate(jobs)
-    ]
+    return [TraceJob(**{**vars(j), "job_id": f"t{i:06d}"}) for i, j in enumerate(jobs)]
 
 
 def _job(rng: random.Random, s: TraceSettings, arrival: float, like: TraceJob | None) -> TraceJob:
@@ -213,7 +222,11 @@ def _job(rng: random.Random, s: TraceSettings, arrival: float, like: TraceJob | 
     profile = compute_units = memory_mb = None
     if n == 1 and rng.random() < s.fractional_share:
         if skus == (K100,):
-            profile, compute_units, memory_mb = "vdcu", rng.choice((30, 60)), rng.choice((16384, 32768))
+            profile, compute_units, memory_mb = (
+                "vdcu",
+                rng.choice((30, 60)),
+                rng.choice((16384, 32768)),
+            )
         else:
             skus, profile = (A100_40,), rng.choice(s.mig_profiles)
     region = rng.choice(s.regions) if rng.random() < s.region_share else None

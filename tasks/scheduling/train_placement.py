@@ -29,18 +29,27 @@ def request_from_device(device: Any, job_id: str, priority: int = 0) -> JobReque
     resource_id = getattr(device, "resource_id", None)
     region = getattr(device, "region", None)
     if resource_id:
-        return JobRequest(job_id=job_id, priority=priority, profile=profile, resource_ids=(resource_id,))
+        return JobRequest(
+            job_id=job_id, priority=priority, profile=profile, resource_ids=(resource_id,)
+        )
     return JobRequest(
-        job_id=job_id, priority=priority, profile=profile,
-        skus=(sku,) if sku else (), region=region,
+        job_id=job_id,
+        priority=priority,
+        profile=profile,
+        skus=(sku,) if sku else (),
+        region=region,
     )
 
 
-def _pinned_request(service: SchedulerService, device: Any, job_id: str, priority: int) -> JobRequest:
+def _pinned_request(
+    service: SchedulerService, device: Any, job_id: str, priority: int
+) -> JobRequest:
     """A request pinned to a resource takes that resource's own kind and profile."""
     res = service.inventory.resource(device.resource_id)
     return JobRequest(
-        job_id=job_id, priority=priority, resource_ids=(res.resource_id,),
+        job_id=job_id,
+        priority=priority,
+        resource_ids=(res.resource_id,),
         profile=None if res.kind == "device" else res.profile,
     )
 
@@ -100,7 +109,13 @@ def placement_for_train(
     lease = inventory.lease(primary)
     if lease is None or lease.owner != job_id:
         raise NoCapacityError(f"job {job_id!r} lost its lease on {primary} right after placement")
-    return Binding(resource, lease, _sku_or_none(resource.sku), torch_device_for(service.backend), service.backend.name)
+    return Binding(
+        resource,
+        lease,
+        _sku_or_none(resource.sku),
+        torch_device_for(service.backend),
+        service.backend.name,
+    )
 
 
 def release_placement(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 import pytest
 from typer.testing import CliRunner
@@ -32,13 +33,20 @@ def own_mlflow_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
 
 
-def read_health_events(resource_id: str, attempts: int = 60) -> list:
-    """Events the server stored for one device (ingestion is asynchronous: poll)."""
+def read_health_events(resource_id: str, since: datetime, attempts: int = 60) -> list:
+    """Events the server stored for one device since ``since`` (other tests share the
+    session's server; ingestion is asynchronous: poll)."""
     from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.filters import (
+        EventFilter,
+        EventNameFilter,
+        EventOccurredFilter,
+        EventResourceFilter,
+    )
 
     flt = EventFilter(event=EventNameFilter(name=[EVENT_NAME]),
-                      resource=EventResourceFilter(id=[resource_id]))
+                      resource=EventResourceFilter(id=[resource_id]),
+                      occurred=EventOccurredFilter(since=since))
     with get_client(sync_client=True) as client:
         for _ in range(attempts):
             events = client.read_events(flt, limit=50).events
@@ -51,6 +59,7 @@ def read_health_events(resource_id: str, attempts: int = 60) -> list:
 def test_train_then_monitor_emits_through_the_server() -> None:
     """`gpuflow health train` runs the health_train flow and registers the champion; the
     monitor flow loads it and its event reaches the Prefect server."""
+    started = datetime.now(UTC)
     runner = CliRunner()
     res = runner.invoke(app, ["status"])
     assert res.exit_code == 0 and "no champion" in res.output
@@ -67,12 +76,14 @@ def test_train_then_monitor_emits_through_the_server() -> None:
     assert out["model"] == "models:/gpuflow-health-lstm@champion"
     emitted = {e["device"]: e for e in out["emitted"]}
     assert emitted["a100-0:3"]["reason"] == "device lost"
-    events = read_health_events(resource_id_for("a100-0", 3))
+    events = read_health_events(resource_id_for("a100-0", 3), started)
     assert [str(e.id) for e in events] == [emitted["a100-0:3"]["event_id"]]
     payload = events[0].payload
     assert payload["risk"] == 1.0 and payload["node"] == "a100-0" and payload["index"] == 3
     # a second run continues the incident: no second event
     assert monitor(rounds=1, fast_forward=True)["emitted"] == []
+    time.sleep(1.0)
+    assert len(read_health_events(resource_id_for("a100-0", 3), started)) == 1
     res = runner.invoke(app, ["status"])
     assert "a100-0:3" in res.output and "device lost" in res.output
 

@@ -22,7 +22,6 @@ from tasks.remediation import ledger as L
 from tasks.remediation.launch import RUNNER
 from tasks.training.binding import DeviceRequest
 from tests.tasks.remediation.helpers import (
-    A100,
     WebhookReceiver,
     make_cluster,
     small_spec,
@@ -192,7 +191,8 @@ def test_nothing_moved_means_the_cordon_is_lifted(cluster, hook, tmp_path, monke
                   cluster=cluster)
     inv = Inventory()
     assert not inv.is_cordoned(node, int(index))
-    assert [lease.owner for lease in inv.leases()] == ["rm-nomove"]  # no stray reservation
+    # No stray reservation: the only lease left (if the job still runs) is the job's own.
+    assert {lease.owner for lease in inv.leases()} <= {"rm-nomove"}
     incident = L.Ledger(inv.url).incidents()[0]
     assert incident.status == "failed" and L.CORDON_UNDONE in [e["what"] for e in incident.timeline]
     assert handle.wait(60) and handle.finished and len(handle.segments) == 1
@@ -207,16 +207,16 @@ def test_cli_remediates_and_lists_incidents(cluster, monkeypatch) -> None:
     assert ok.exit_code == 0, ok.output
     assert "no jobs on the device" in ok.output and "done" in ok.output
     assert Inventory().is_cordoned("a100-1")
+    assert all(r.node != "a100-1" for r in Inventory().free_resources(sku="a100-40gb"))
     listed = runner.invoke(cli_remediate.app, ["--history"])
     assert listed.exit_code == 0 and "a100-1:0" in listed.output and "manual" in listed.output
-    assert A100  # the fleet the CLI ran on
 
 
 def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path, monkeypatch) -> None:
     """The `train` flow with remediate_on_train_failure as its on_failure hook: the device
     falls off the bus, the flow fails, the hook queues the job with its last checkpoint
-    and remediates the device. (The train flow leaves no launch record yet, so the job
-    waits to be resumed with `gpuflow train`: nothing lost, operators told.)"""
+    and remediates the device. The relaunch goes through the `train` deployment, which
+    this test server lacks, so the job waits: nothing lost, operators told."""
     from flows.remediate import remediate_on_train_failure
     from flows.train import train
     from tasks.training import job as job_module
@@ -260,7 +260,9 @@ def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path
     assert inv.is_cordoned(res.node, res.device_index) and inv.leases(owner=spec.job_id) == []
     incident = L.Ledger(inv.url).incidents()[0]
     assert incident.trigger == "reactive" and incident.status == "waiting"
-    assert "no launch record" in incident.jobs[spec.job_id]["detail"]
+    # The train flow left a launch record; this test server has no `train` deployment,
+    # so the job waits, checkpointed and queued, and the detail says why.
+    assert "not deployed" in incident.jobs[spec.job_id]["detail"]
     assert hook.messages and "reactive" in hook.messages[-1]["subject"]
 
 

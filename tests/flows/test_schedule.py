@@ -63,7 +63,9 @@ def test_preempted_training_resumes_from_its_checkpoint_with_no_steps_lost(tmp_p
 
     training_job.step_observers.append(pace)
     first: dict = {}
-    victim = threading.Thread(target=lambda: first.update(run_scheduled_job(cluster, storage, "low")))
+    victim = threading.Thread(
+        target=lambda: first.update(run_scheduled_job(cluster, storage, "low"))
+    )
     try:
         victim.start()
         assert mid_training.wait(120), "the low-priority job never started training"
@@ -71,7 +73,9 @@ def test_preempted_training_resumes_from_its_checkpoint_with_no_steps_lost(tmp_p
             JobRequest(job_id="high", skus=("a100-40gb",), priority=10),
             train={"model": "llama-tiny", "steps": 6, "checkpoint_interval": 3},
         )
-        out = schedule(cluster_block="sched-e2e", storage=storage, ack_timeout_s=120, launch="in-process")
+        out = schedule(
+            cluster_block="sched-e2e", storage=storage, ack_timeout_s=120, launch="in-process"
+        )
         victim.join(120)
     finally:
         training_job.step_observers.remove(pace)
@@ -86,9 +90,14 @@ def test_preempted_training_resumes_from_its_checkpoint_with_no_steps_lost(tmp_p
 
     # The preemptor ran on the victim's device, then the victim resumed from the checkpoint.
     assert out["launch"] == "in-process"
-    victims = [v["job_id"] for p in out["passes"] for pre in p["preemptions"] for v in pre["victims"]]
+    victims = [
+        v["job_id"] for p in out["passes"] for pre in p["preemptions"] for v in pre["victims"]
+    ]
     assert victims == ["low"]
-    assert out["results"]["high"]["steps_done"] == 6 and out["results"]["high"]["resource_id"] == device
+    assert (
+        out["results"]["high"]["steps_done"] == 6
+        and out["results"]["high"]["resource_id"] == device
+    )
     resumed = out["results"]["low"]
     assert resumed["resumed_from_step"] == acked_step
     assert resumed["steps_done"] == STEPS and resumed["stopped_by_request"] is False

@@ -10,10 +10,14 @@ runner = CliRunner()
 
 
 def test_submit_list_cancel() -> None:
-    out = runner.invoke(app, ["submit", "job-a", "--count", "2", "--sku", "a100-40gb", "--steps", "10"])
+    out = runner.invoke(
+        app, ["submit", "job-a", "--count", "2", "--sku", "a100-40gb", "--steps", "10"]
+    )
     assert out.exit_code == 0, out.output
     assert "queued job-a: 2 x device of NVIDIA A100-SXM4-40GB" in out.output
-    out = runner.invoke(app, ["submit", "job-b", "--profile", "3g.20gb", "--priority", "5", "--external"])
+    out = runner.invoke(
+        app, ["submit", "job-b", "--profile", "3g.20gb", "--priority", "5", "--external"]
+    )
     assert out.exit_code == 0, out.output
     listing = runner.invoke(app, ["list"])
     assert listing.exit_code == 0

@@ -20,5 +20,7 @@ def make_engine(nodes: list[tuple[str, str, str, int]], **config) -> Engine:
         spec = SKUS[sku]
         kinds = ("mig",) if spec.supports_mig else ("vdcu",) if spec.supports_vdcu else ()
         for i in range(count):
-            engine.fleet.add_device(name, i, f"{name}-{i}", sku, spec.vendor, spec.memory_total_mb, kinds)
+            engine.fleet.add_device(
+                name, i, f"{name}-{i}", sku, spec.vendor, spec.memory_total_mb, kinds
+            )
     return engine

@@ -218,7 +218,11 @@ def test_bounded_queue_refuses_with_depth_and_how_to_raise_it() -> None:
     with pytest.raises(QueueFullError) as err:
         engine.submit(_req("w3"), 0)
     msg = str(err.value)
-    assert "queue depth 2" in msg and "GPUFLOW_QUEUE_DEPTH" in msg and "2 jobs that name no region already wait" in msg
+    assert (
+        "queue depth 2" in msg
+        and "GPUFLOW_QUEUE_DEPTH" in msg
+        and "2 jobs that name no region already wait" in msg
+    )
     # Per pool: another region's queue is independent.
     engine2 = make_engine([("n0", "r1", A100, 1), ("n1", "r2", A100, 1)], queue_depths={"r1": 1})
     engine2.submit(_req("a", region="r1"), 0)

@@ -9,13 +9,31 @@ from hardware.inventory import Resource
 from tasks.scheduling.env import gpu_product, kubernetes_job_variables, run_environment
 
 
-def _res(rid: str, node: str = "n0", index: int = 0, kind: str = "device", profile: str | None = None,
-         vendor: str = "NVIDIA", sku: str = "NVIDIA A100-SXM4-40GB", memory_mb: int = 40960,
-         compute_units: int | None = None) -> Resource:
+def _res(
+    rid: str,
+    node: str = "n0",
+    index: int = 0,
+    kind: str = "device",
+    profile: str | None = None,
+    vendor: str = "NVIDIA",
+    sku: str = "NVIDIA A100-SXM4-40GB",
+    memory_mb: int = 40960,
+    compute_units: int | None = None,
+) -> Resource:
     return Resource(
-        resource_id=rid, kind=kind, node=node, device_index=index, device_uuid=f"GPU-{node}-{index}",
-        vendor=vendor, sku=sku, region="r1", memory_mb=memory_mb, compute_units=compute_units,
-        profile=profile, placement_start=None, cordoned=False,
+        resource_id=rid,
+        kind=kind,
+        node=node,
+        device_index=index,
+        device_uuid=f"GPU-{node}-{index}",
+        vendor=vendor,
+        sku=sku,
+        region="r1",
+        memory_mb=memory_mb,
+        compute_units=compute_units,
+        profile=profile,
+        placement_start=None,
+        cordoned=False,
     )
 
 
@@ -25,8 +43,10 @@ def test_whole_devices_on_one_node() -> None:
     assert env.torch_device == "cuda:0" and env.env["GPUFLOW_TORCH_DEVICE"] == "cuda:0"
     k8s = env.job_variables
     assert k8s["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert k8s["node_selector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
-                                    "kubernetes.io/hostname": "n0"}
+    assert k8s["node_selector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "kubernetes.io/hostname": "n0",
+    }
     assert run_environment([_res("GPU-a")], "job", "sim").torch_device == "cpu"
 
 
@@ -37,7 +57,12 @@ def test_mig_partitions_by_uuid() -> None:
 
 
 def test_multi_node_gang_gets_one_env_per_node_and_no_hostname_pin() -> None:
-    rs = [_res("GPU-a", "n0", 0), _res("GPU-b", "n0", 1), _res("GPU-c", "n1", 0), _res("GPU-d", "n1", 1)]
+    rs = [
+        _res("GPU-a", "n0", 0),
+        _res("GPU-b", "n0", 1),
+        _res("GPU-c", "n1", 0),
+        _res("GPU-d", "n1", 1),
+    ]
     env = run_environment(rs, "job", "nvml")
     assert env.env_by_node == {
         "n0": {**env.env_by_node["n0"], "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"},
@@ -51,15 +76,32 @@ def test_multi_node_gang_gets_one_env_per_node_and_no_hostname_pin() -> None:
 
 
 def test_hygon_whole_and_vdcu() -> None:
-    whole = run_environment([_res("DCU-0", index=1, vendor="Hygon", sku="Hygon DCU K100")], "j", "hygon")
+    whole = run_environment(
+        [_res("DCU-0", index=1, vendor="Hygon", sku="Hygon DCU K100")], "j", "hygon"
+    )
     assert whole.env["HIP_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES" not in whole.env
     assert whole.job_variables["resources"]["limits"] == {"hygon.com/dcunum": "1"}
     assert whole.job_variables["pod_annotations"] == {"hygon.com/use-dcutype": "K100"}
-    v = run_environment([_res("VDCU-1", kind="vdcu", profile="vdcu", vendor="Hygon", sku="Hygon DCU K100",
-                              memory_mb=16384, compute_units=30)], "j", "hygon")
+    v = run_environment(
+        [
+            _res(
+                "VDCU-1",
+                kind="vdcu",
+                profile="vdcu",
+                vendor="Hygon",
+                sku="Hygon DCU K100",
+                memory_mb=16384,
+                compute_units=30,
+            )
+        ],
+        "j",
+        "hygon",
+    )
     assert v.env["GPUFLOW_VDCU_ID"] == "VDCU-1"
     assert v.job_variables["resources"]["limits"] == {
-        "hygon.com/dcunum": "1", "hygon.com/dcumem": "16384", "hygon.com/dcucores": "25",
+        "hygon.com/dcunum": "1",
+        "hygon.com/dcumem": "16384",
+        "hygon.com/dcucores": "25",
     }
 
 

@@ -26,8 +26,12 @@ SHAPES = st.one_of(
     st.builds(dict, count=st.integers(1, 4), skus=st.sampled_from([(), ("a100-40gb",), ("v100",)])),
     st.builds(dict, count=st.integers(1, 3), profile=st.sampled_from(["1g.5gb", "3g.20gb"])),
     st.builds(dict, count=st.integers(1, 2), max_count=st.just(4)),
-    st.builds(dict, profile=st.just("vdcu"), compute_units=st.sampled_from([10, 30]),
-              memory_mb=st.sampled_from([4096, 16384])),
+    st.builds(
+        dict,
+        profile=st.just("vdcu"),
+        compute_units=st.sampled_from([10, 30]),
+        memory_mb=st.sampled_from([4096, 16384]),
+    ),
 )
 
 
@@ -35,7 +39,12 @@ class Scheduling(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.engine = make_engine(
-            [("a0", "r1", A100, 2), ("a1", "r1", A100, 2), ("v0", "r2", V100, 2), ("d0", "r2", DCU, 1)],
+            [
+                ("a0", "r1", A100, 2),
+                ("a1", "r1", A100, 2),
+                ("v0", "r2", V100, 2),
+                ("d0", "r2", DCU, 1),
+            ],
             queue_depth=6,
         )
         self.now = 0.0
@@ -45,14 +54,25 @@ class Scheduling(RuleBasedStateMachine):
     def _ids(self, *states: str) -> list[str]:
         return sorted(j.job_id for j in self.engine.jobs.values() if j.state in states)
 
-    @rule(shape=SHAPES, priority=st.integers(0, 3), region=st.sampled_from([None, "r1", "r2"]),
-          spill=st.booleans(), reserve=st.booleans())
-    def submit(self, shape: dict, priority: int, region: str | None, spill: bool, reserve: bool) -> None:
+    @rule(
+        shape=SHAPES,
+        priority=st.integers(0, 3),
+        region=st.sampled_from([None, "r1", "r2"]),
+        spill=st.booleans(),
+        reserve=st.booleans(),
+    )
+    def submit(
+        self, shape: dict, priority: int, region: str | None, spill: bool, reserve: bool
+    ) -> None:
         self.n += 1
         job_id = f"j{self.n}"
         req = JobRequest(
-            job_id=job_id, priority=priority, region=region, allow_spill=spill,
-            start_at_s=self.now + 50 if reserve else None, **shape,
+            job_id=job_id,
+            priority=priority,
+            region=region,
+            allow_spill=spill,
+            start_at_s=self.now + 50 if reserve else None,
+            **shape,
         )
         try:
             self.engine.submit(req, self.now, checkpoint_every_s=30.0)
@@ -67,7 +87,12 @@ class Scheduling(RuleBasedStateMachine):
             if isinstance(d, Placement) and d.repartition:
                 for step in d.repartition:
                     created = [
-                        (f"{step.device_uuid}/p{self.n}.{k}.{self.now}", r, r.memory_mb or 5120, r.compute_units)
+                        (
+                            f"{step.device_uuid}/p{self.n}.{k}.{self.now}",
+                            r,
+                            r.memory_mb or 5120,
+                            r.compute_units,
+                        )
                         for k, r in enumerate(step.create)
                     ]
                     self.engine.apply_repartition(step, created)
@@ -81,7 +106,9 @@ class Scheduling(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(self._ids("running")))
         self.engine.finish(job_id, self.now)
 
-    @precondition(lambda self: any(j.state in ("running", "stopping") for j in self.engine.jobs.values()))
+    @precondition(
+        lambda self: any(j.state in ("running", "stopping") for j in self.engine.jobs.values())
+    )
     @rule(data=st.data(), requeue=st.booleans())
     def fail(self, data: st.DataObject, requeue: bool) -> None:
         job_id = data.draw(st.sampled_from(self._ids("running", "stopping")))
@@ -93,20 +120,29 @@ class Scheduling(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(self._ids("stopping")))
         self.engine.stopped(job_id, self.now, f"ckpt-{self.now}")
 
-    @precondition(lambda self: any(j.state in ("queued", "reserved") for j in self.engine.jobs.values()))
+    @precondition(
+        lambda self: any(j.state in ("queued", "reserved") for j in self.engine.jobs.values())
+    )
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         job_id = data.draw(st.sampled_from(self._ids("queued", "reserved")))
         self.engine.cancel(job_id, self.now)
 
-    @rule(node=st.sampled_from(["a0", "a1", "v0", "d0"]), index=st.sampled_from([None, 0, 1]),
-          on=st.booleans())
+    @rule(
+        node=st.sampled_from(["a0", "a1", "v0", "d0"]),
+        index=st.sampled_from([None, 0, 1]),
+        on=st.booleans(),
+    )
     def cordon(self, node: str, index: int | None, on: bool) -> None:
         if node == "d0" and index == 1:
             index = 0
         self.engine.cordon(node, index, cordoned=on)
 
-    @rule(node=st.sampled_from(["a0", "a1", "v0"]), index=st.sampled_from([0, 1]), healthy=st.booleans())
+    @rule(
+        node=st.sampled_from(["a0", "a1", "v0"]),
+        index=st.sampled_from([0, 1]),
+        healthy=st.booleans(),
+    )
     def health(self, node: str, index: int, healthy: bool) -> None:
         self.engine.set_health(node, index, healthy)
 
@@ -146,7 +182,9 @@ class Scheduling(RuleBasedStateMachine):
 
 
 Scheduling.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=30, deadline=None,
+    max_examples=30,
+    stateful_step_count=30,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestScheduling = Scheduling.TestCase

@@ -22,8 +22,10 @@ def test_choose_victims_least_work_then_prunes() -> None:
     assert choose_victims(5, cands) is None
     assert choose_victims(0, cands) == []
     # The greedy would take the big job that is cheapest per unit; one small job does it.
-    cands = [Candidate("big", tuple("abcdefgh"), cost=80.0, priority=0),
-             Candidate("small", ("z",), cost=20.0, priority=0)]
+    cands = [
+        Candidate("big", tuple("abcdefgh"), cost=80.0, priority=0),
+        Candidate("small", ("z",), cost=20.0, priority=0),
+    ]
     assert [c.candidate.job_id for c in choose_victims(1, cands)] == ["small"]
     # A shrinking elastic job gives only what is needed.
     (c,) = choose_victims(1, [Candidate("el", ("x", "y", "z"), 5.0, 0, shrink=True)])
@@ -90,7 +92,9 @@ def test_node_local_gang_evicts_on_the_cheapest_node() -> None:
     engine.submit(_req("gang", count=4, priority=3), 100)
     (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
     assert plan.node == "n1"
-    assert sorted(e.job_id for e in plan.evictions) == sorted(j for j, n in node_of.items() if n == "n1")
+    assert sorted(e.job_id for e in plan.evictions) == sorted(
+        j for j, n in node_of.items() if n == "n1"
+    )
     for e in plan.evictions:
         engine.stopped(e.job_id, 110)
     (p,) = [d for d in engine.schedule(110) if isinstance(d, Placement)]

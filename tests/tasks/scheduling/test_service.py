@@ -27,7 +27,9 @@ class Clock:
 
 def _service(cluster, clock: Clock | None = None, **config) -> SchedulerService:
     inv = Inventory(now=clock) if clock else cluster.get_inventory()
-    return SchedulerService(inv, cluster.get_backend(), SchedulerConfig(**config), now=clock or __import__("time").time)
+    return SchedulerService(
+        inv, cluster.get_backend(), SchedulerConfig(**config), now=clock or __import__("time").time
+    )
 
 
 def _a100(job_id: str, **kw) -> JobRequest:
@@ -101,7 +103,9 @@ def test_vdcu_request_creates_a_vdcu_and_hygon_variables(cluster) -> None:
     assert env["HIP_VISIBLE_DEVICES"] == "0" and env["GPUFLOW_VDCU_ID"] == vdcu.uuid
     k8s = placed["env"]["job_variables"]
     assert k8s["resources"]["limits"] == {
-        "hygon.com/dcunum": "1", "hygon.com/dcumem": "8192", "hygon.com/dcucores": "33",
+        "hygon.com/dcunum": "1",
+        "hygon.com/dcumem": "8192",
+        "hygon.com/dcucores": "33",
     }
     assert k8s["pod_annotations"] == {"hygon.com/use-dcutype": "Z100"}
 
@@ -211,7 +215,9 @@ def _free_a100(svc: SchedulerService) -> str:
     return next(r.resource_id for r in svc.inventory.free_resources(sku="a100-40gb"))
 
 
-def test_victim_that_dies_before_acknowledging_is_requeued_and_its_request_answered(cluster) -> None:
+def test_victim_that_dies_before_acknowledging_is_requeued_and_its_request_answered(
+    cluster,
+) -> None:
     clock = Clock()
     svc = _service(cluster, clock, lease_ttl_s=60)
     for i in range(4):

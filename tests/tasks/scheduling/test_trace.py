@@ -26,7 +26,9 @@ def test_simulation_accounts_for_every_job_and_binpack_fragments_less() -> None:
     trace = synthetic_trace(8, fleet_gpus(groups), load=1.1, seed=5)
     frag = {}
     for policy in ("binpack", "spread"):
-        sim = Simulator(groups, trace, SchedulerConfig(policy=policy, queue_depth=10**6), horizon_s=8 * 3600)
+        sim = Simulator(
+            groups, trace, SchedulerConfig(policy=policy, queue_depth=10**6), horizon_s=8 * 3600
+        )
         result = sim.run()
         engine = sim.engine
         assert engine.audit() == []
