@@ -15,13 +15,13 @@ from prefect import flow, get_run_logger
 from blocks.checkpoint_storage import CheckpointStorage
 from tasks.cluster import load_cluster
 from tasks.remediation.launch import remember_launch
+from tasks.scheduling.train_placement import placement_for_train_task, release_placement_task
 from tasks.tracking import flat_params, use_experiment
 from tasks.training.binding import DeviceRequest
 from tasks.training.job import (
     EXPERIMENT,
-    acquire_task,
+    check_owned_node,
     preflight_task,
-    release_task,
     result_metrics,
     train_loop_task,
 )
@@ -45,6 +45,9 @@ def train(
     experiment: str = EXPERIMENT,
     parent_run_id: str | None = None,
     log_model: bool = True,
+    priority: int = 0,
+    preempt: bool = False,
+    wait_s: float = 0.0,
 ) -> dict:
     """Train ``spec`` on a leased device; resumes from its latest checkpoint if it has one."""
     logger = get_run_logger()
@@ -64,7 +67,11 @@ def train(
     run_id = run.info.run_id
     client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()])
 
-    binding = acquire_task(cluster, device, spec.job_id)
+    # The scheduler places it (homogeneous, by policy and priority) and leases for it; a job
+    # the `schedule` flow already placed gets that placement.
+    binding = placement_for_train_task(
+        cluster, device, spec.job_id, priority=priority, preempt=preempt, wait_s=wait_s
+    )
     # How to relaunch this job elsewhere if its device fails (remediation reads it).
     remember_launch(cluster.get_inventory(), spec, storage, device, launcher="deployment", run_id=run_id)
     res = binding.resource
@@ -75,12 +82,15 @@ def train(
         "gpuflow.torch_device": str(binding.torch_device),
     }.items():
         client.set_tag(run_id, key, value)
-    status = "FAILED"
+    status, stopped = "FAILED", False
     try:
+        check_owned_node(cluster.get_inventory(), binding, spec.job_id)
         result = train_loop_task(spec, storage, cluster, binding, run_id)
-        status = "FINISHED"
+        status, stopped = "FINISHED", result.stopped_by_request
     finally:
-        release_task(cluster, binding, spec.job_id)
+        release_placement_task(
+            cluster, binding, spec.job_id, ok=status == "FINISHED", stopped_by_request=stopped
+        )
         client.set_terminated(run_id, status) if status == "FAILED" else None
 
     for key, value in result_metrics(result).items():

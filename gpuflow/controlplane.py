@@ -179,6 +179,7 @@ def up(
     prefect_port: int = 4200,
     mlflow_port: int = 5000,
     workers: int = 1,
+    node_workers: tuple[str, ...] = (),
     prefect_database_url: SecretStr | None = None,
     mlflow_backend_uri: SecretStr | None = None,
     mlflow_artifacts: str | None = None,
@@ -193,8 +194,11 @@ def up(
     project_dir = project_dir.resolve()
     if not (project_dir / "prefect.yaml").is_file():
         raise InvalidRequestError(f"{project_dir} has no prefect.yaml; pass --project-dir with the gpuflow checkout")
-    if workers < 1:
-        raise InvalidRequestError(f"workers must be >= 1, got {workers}")
+    if workers < 0:
+        raise InvalidRequestError(f"workers must be >= 0, got {workers}")
+    bad = [n for n in node_workers if not n or not all(c.isalnum() or c in "-_." for c in n)]
+    if bad:
+        raise InvalidRequestError(f"node worker names {bad} must be letters, digits, '-', '_', '.'")
     prefect_port, mlflow_port = _check_port(prefect_port), _check_port(mlflow_port)
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -252,8 +256,17 @@ def up(
             plane.deployments = deployment_names(project_dir)
         for i in range(workers):
             report(f"starting worker {i + 1}/{workers}")
-            launch(f"worker-{i + 1}", [prefect, "worker", "start", "--pool", POOL, "--name", f"gpuflow-worker-{i + 1}"],
-                   base_env)
+            launch(f"worker-{i + 1}", [prefect, "worker", "start", "--pool", POOL, "--name", f"gpuflow-worker-{i + 1}",
+                                       "--work-queue", "default"], base_env)
+        for node in node_workers:
+            # A worker that owns one node: it takes runs from that node's queue only, and
+            # the train flow refuses a placement on another node (GPUFLOW_NODE).
+            report(f"starting the worker of node {node}")
+            _run([prefect, "--no-prompt", "work-queue", "create", node_queue_name(node), "--pool", POOL],
+                 base_env, project_dir, f"creating the work queue of node {node}")
+            launch(f"worker-{node}", [prefect, "worker", "start", "--pool", POOL, "--name", f"gpuflow-{node}",
+                                      "--work-queue", node_queue_name(node)],
+                   {**base_env, "GPUFLOW_NODE": node})
         time.sleep(1.0)
         dead = [s.name for s, p in zip(plane.services, procs, strict=True) if p.poll() is not None]
         if dead:
@@ -264,6 +277,13 @@ def up(
         raise
     state_path(home).write_text(json.dumps(plane.to_dict(), indent=2))
     return plane
+
+
+def node_queue_name(node: str) -> str:
+    """The work queue whose worker owns ``node`` (see tasks/worker_queues.py)."""
+    from tasks.worker_queues import node_queue_name as name
+
+    return name(node)
 
 
 def deployment_names(project_dir: Path) -> list[str]:

@@ -37,6 +37,7 @@ from hardware.inventory import Inventory, LeaseError
 from tasks.training.binding import Binding, DeviceRequest
 from tasks.training.loop import StepInfo, TrainResult
 from tasks.training.spec import TrainSpec
+from tasks.worker_queues import queue_for_node
 
 log = logging.getLogger(__name__)
 
@@ -377,17 +378,23 @@ def _run_train_deployment(
 
     name = launch.get("deployment") or TRAIN_DEPLOYMENT
     inventory = cluster.get_inventory()
-    # The train flow leases for itself, with the job's original request (its job record
-    # refuses another): free our reservation just before it looks.
+    # The train flow leases for itself (through the scheduler): free our reservation just
+    # before it looks.
     inventory.release_lease(binding.resource.resource_id, job_id)
     storage = storage_fields(storage_from_record(launch["storage"]))
+    # Pinned to the device remediation chose, and sent to the work queue of the worker that
+    # owns its node (when workers own nodes), so the job resumes exactly there.
+    target = binding.resource
     parameters: dict[str, Any] = {
         "spec": launch["train_spec"],
-        "device": launch.get("device") or {},
+        "device": {"resource_id": target.resource_id},
         "storage": storage,
     }
     try:
-        flow_run = run_deployment(name=name, parameters=parameters, timeout=0)
+        flow_run = run_deployment(
+            name=name, parameters=parameters, timeout=0,
+            work_queue_name=queue_for_node(name, target.node),
+        )
     except Exception as exc:  # ObjectNotFound and friends: say which deployment
         from prefect.exceptions import ObjectNotFound
 

@@ -15,6 +15,7 @@ from prefect.cache_policies import NONE
 
 from tasks.scheduling.model import SchedulerConfig
 from tasks.scheduling.service import SchedulerService
+from tasks.worker_queues import queue_for_node
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def launch_deployment(cluster: Any, job_id: str, deployment: str, cluster_block:
         env = (sched.get("env") or {}).get("job_variables") or {}
         job_variables = {k: v for k, v in env.items() if k != "pods"}
     primary = record.resource_ids[0]
+    node = service.inventory.resource(primary).node
     run = run_deployment(
         deployment,
         parameters={
@@ -87,6 +89,8 @@ def launch_deployment(cluster: Any, job_id: str, deployment: str, cluster_block:
         as_subflow=False,
         job_variables=job_variables,
         flow_run_name=f"train-{job_id}",
+        # Where workers own nodes, the run goes to the worker of the node it was placed on.
+        work_queue_name=queue_for_node(deployment, node),
     )
     return str(run.id)
 

@@ -14,11 +14,12 @@ from prefect.cache_policies import NONE
 
 from blocks.checkpoint_storage import CheckpointStorage
 from blocks.gpu_cluster import GpuCluster
-from hardware.backend import DeviceLostError
+from hardware.backend import DeviceLostError, InvalidRequestError
 from tasks.training.binding import Binding, DeviceRequest, lease_device
 from tasks.training.loop import StepInfo, TrainResult, build_workload, train_loop
 from tasks.training.spec import TrainSpec
 from tasks.training.utilization import DeviceUtilization
+from tasks.worker_queues import owned_node
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,21 @@ def preflight(spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, 
 def acquire(cluster: GpuCluster, device: DeviceRequest, job_id: str) -> Binding:
     inventory = cluster.get_inventory()
     binding = lease_device(inventory, cluster.get_backend(), device, owner=job_id, ttl_s=LEASE_TTL_S)
+    check_owned_node(inventory, binding, job_id)
     inventory.record_job(job_id, {"device": device.model_dump()}, state="running")
     inventory.set_job_state(job_id, "running", resource_ids=[binding.resource.resource_id])
     return binding
+
+
+def check_owned_node(inventory: Any, binding: Binding, job_id: str) -> None:
+    """A worker that owns a node (GPUFLOW_NODE) runs only jobs placed on that node."""
+    owned = owned_node()
+    if owned and binding.resource.node != owned:
+        inventory.release_lease(binding.resource.resource_id, job_id)
+        raise InvalidRequestError(
+            f"this worker owns node {owned!r} but job {job_id!r} was placed on "
+            f"{binding.resource.node!r}: send it to that node's work queue"
+        )
 
 
 def release(cluster: GpuCluster, binding: Binding, job_id: str) -> None:
@@ -144,8 +157,6 @@ def result_metrics(result: TrainResult) -> dict[str, Any]:
 
 
 preflight_task = task(preflight, name="preflight", cache_policy=NONE)
-acquire_task = task(acquire, name="lease-device", retries=3, retry_delay_seconds=5, cache_policy=NONE)
-release_task = task(release, name="release-device", retries=3, retry_delay_seconds=2, cache_policy=NONE)
 
 
 def _retry_unless_device_lost(task: Any, task_run: Any, state: Any) -> bool:
