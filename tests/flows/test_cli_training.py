@@ -74,12 +74,3 @@ def test_train_cli_s3(s3_server: str) -> None:
 def test_train_cli_refuses_a_precision_the_device_lacks() -> None:
     no_bf16 = runner.invoke(app, ["train", "--precision", "bf16", "--sku", "v100", "--steps", "5"])
     assert no_bf16.exit_code == 2 and "bf16" in no_bf16.stderr
-
-
-def test_compare_precision_cli(tmp_path) -> None:
-    result = runner.invoke(app, [
-        "compare-precision", "--model", "llama-tiny", "--steps", "15", "--candidate", "bf16",
-        "--checkpoint-dir", str(tmp_path),
-    ])
-    assert result.exit_code == 0, result.output
-    assert "bf16" in result.stdout and "MLflow parent run" in result.stdout
