@@ -14,6 +14,8 @@ unique-key race, a serialisation failure or a deadlock.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -63,8 +65,18 @@ def make_engine(url: str) -> Engine:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             cursor.execute("PRAGMA foreign_keys = ON")
-            # Persistent in the file once set; a no-op for later connections.
-            cursor.execute("PRAGMA journal_mode = WAL")
+            # Persistent in the file once set; a no-op for later connections. Switching a
+            # fresh file to WAL takes an exclusive lock, and SQLite answers "database is
+            # locked" at once (no busy wait) when processes open it together: retry.
+            deadline = time.monotonic() + BUSY_TIMEOUT_S
+            while True:
+                try:
+                    cursor.execute("PRAGMA journal_mode = WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
         finally:
             cursor.close()
 
