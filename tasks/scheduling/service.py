@@ -532,59 +532,44 @@ class SchedulerService:
                     self._sync_leases(job, report)
                     if beneficiary and beneficiary in engine.jobs:
                         self._sync_leases(engine.jobs[beneficiary], report)
-                    self._answer_stale_stop(s, record)
-                    if s.get("cancel_requested"):
-                        engine.cancel(job_id, now)
-                        self._write(
-                            job_id,
-                            "failed",
-                            resource_ids=[],
-                            phase=CANCELLED,
-                            reason="cancelled",
-                            stop_request_id=None,
-                        )
-                        continue
-                    self._write(
-                        job_id,
-                        "queued",
-                        resource_ids=[],
-                        phase=QUEUED,
-                        resume_checkpoint=record.last_checkpoint_id,
-                        lost_at_s=now,
-                        stop_request_id=None,
-                        stop_for=None,
-                        stop_action=None,
-                        release=[],
-                    )
-                    report.lost.append(job_id)
+                    self._requeue_lost(engine, job_id, s, record, now, report)
             elif job.state == QUEUED and record.state == "running":
                 # Restored without any of its resources (its leases lapsed, or the devices
                 # vanished): its runner is gone; it waits again, from its last checkpoint.
-                self._answer_stale_stop(s, record)
-                if s.get("cancel_requested"):
-                    engine.cancel(job_id, now)
-                    self._write(
-                        job_id,
-                        "failed",
-                        resource_ids=[],
-                        phase=CANCELLED,
-                        reason="cancelled",
-                        stop_request_id=None,
-                    )
-                    continue
-                self._write(
-                    job_id,
-                    "queued",
-                    resource_ids=[],
-                    phase=QUEUED,
-                    resume_checkpoint=record.last_checkpoint_id,
-                    lost_at_s=now,
-                    stop_request_id=None,
-                    stop_for=None,
-                    stop_action=None,
-                    release=[],
-                )
-                report.lost.append(job_id)
+                self._requeue_lost(engine, job_id, s, record, now, report)
+
+    def _requeue_lost(
+        self,
+        engine: Engine,
+        job_id: str,
+        sched: dict[str, Any],
+        record: JobRecord,
+        now: float,
+        report: PassReport,
+    ) -> None:
+        """A job whose runner is gone: cancelled if that was asked, else queued again to
+        resume from its last checkpoint."""
+        self._answer_stale_stop(sched, record)
+        if sched.get("cancel_requested"):
+            engine.cancel(job_id, now)
+            self._write(
+                job_id, "failed", resource_ids=[], phase=CANCELLED, reason="cancelled",
+                stop_request_id=None,
+            )
+            return
+        self._write(
+            job_id,
+            "queued",
+            resource_ids=[],
+            phase=QUEUED,
+            resume_checkpoint=record.last_checkpoint_id,
+            lost_at_s=now,
+            stop_request_id=None,
+            stop_for=None,
+            stop_action=None,
+            release=[],
+        )
+        report.lost.append(job_id)
 
     def _answer_stale_stop(self, sched: dict[str, Any], record: JobRecord) -> None:
         """Answer a stop request the job never will, or its relaunch would find it pending
