@@ -524,7 +524,11 @@ def up_cmd(
     project_dir: Annotated[Path | None, typer.Option(help="The gpuflow checkout (holds prefect.yaml).")] = None,
     prefect_port: Annotated[int, typer.Option(help="Prefect server port (0 = any free).")] = 4200,
     mlflow_port: Annotated[int, typer.Option(help="MLflow server port (0 = any free).")] = 5000,
-    workers: Annotated[int, typer.Option(help="Process workers to start.")] = 1,
+    workers: Annotated[int, typer.Option(help="Process workers on the pool's default queue.")] = 1,
+    node_worker: Annotated[
+        list[str] | None,
+        typer.Option("--node-worker", help="Start a worker that owns this node (repeatable)."),
+    ] = None,
     prefect_database_url: Annotated[str | None, typer.Option(envvar="GPUFLOW_PREFECT_DATABASE_URL", help="PostgreSQL URL for Prefect (default SQLite).")] = None,
     mlflow_backend_uri: Annotated[str | None, typer.Option(envvar="GPUFLOW_MLFLOW_BACKEND_URI", help="MLflow backend store URL (default SQLite).")] = None,
     mlflow_artifacts: Annotated[str | None, typer.Option(help="MLflow artifact destination (e.g. s3://bucket/mlflow).")] = None,
@@ -538,7 +542,7 @@ def up_cmd(
     with console.status("gpuflow up") as status:
         plane = controlplane.up(
             project_dir or _default_project_dir(), prefect_port=prefect_port, mlflow_port=mlflow_port,
-            workers=workers,
+            workers=workers, node_workers=tuple(node_worker or ()),
             prefect_database_url=SecretStr(prefect_database_url) if prefect_database_url else None,
             mlflow_backend_uri=SecretStr(mlflow_backend_uri) if mlflow_backend_uri else None,
             mlflow_artifacts=mlflow_artifacts, deploy=not no_deploy,

@@ -74,3 +74,18 @@ def test_train_cli_s3(s3_server: str) -> None:
 def test_train_cli_refuses_a_precision_the_device_lacks() -> None:
     no_bf16 = runner.invoke(app, ["train", "--precision", "bf16", "--sku", "v100", "--steps", "5"])
     assert no_bf16.exit_code == 2 and "bf16" in no_bf16.stderr
+
+
+def test_compare_precision_cli_s3(s3_server: str) -> None:
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket="cli-cmp")
+    result = runner.invoke(app, [
+        "compare-precision", "--model", "llama-tiny", "--steps", "8", "--candidate", "bf16",
+        "--job-id", "cli-cmp", "--storage", "s3", "--s3-bucket", "cli-cmp", "--s3-endpoint-url", s3_server,
+    ], env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"})
+    assert result.exit_code == 0, result.output
+    assert "bf16" in result.stdout and "MLflow parent run" in result.stdout
+    keys = [k["Key"] for k in boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+            .list_objects_v2(Bucket="cli-cmp")["Contents"]]
+    assert any(k.startswith("cli-cmp-fp32/step-000000008/") for k in keys)
+    assert any(k.startswith("cli-cmp-bf16/step-000000008/") for k in keys)
