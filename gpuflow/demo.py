@@ -158,6 +158,7 @@ def run_demo(console: Console) -> dict[str, Any]:
             speedup_auto=round(auto["speedup"], 2),
             convergence_delta_auto=f"{100 * auto['convergence_delta']:.3f} %",
             steps_lost=fault.get("steps lost"),
+            time_to_recover_s=fault.get("time to recover s"),
             job_moved_to=fault.get("moved to"),
             device_cordoned=fault.get("cordoned"),
             edge_balance=round(edge["balance"], 3),

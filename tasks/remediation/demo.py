@@ -30,6 +30,15 @@ def _health_model(window: int) -> tuple[Any, str]:
         return RuleModel(window), "threshold rules (no LSTM champion registered yet)"
 
 
+def _time_to_recover_s(timeline: list[dict[str, Any]]) -> float | None:
+    """From the risk being seen to the job running again elsewhere (wall seconds)."""
+    from tasks.remediation.ledger import JOB_RESUMED, RISK_SEEN
+
+    seen = next((e["at_s"] for e in timeline if e["what"] == RISK_SEEN), None)
+    resumed = next((e["at_s"] for e in timeline if e["what"] == JOB_RESUMED), None)
+    return None if seen is None or resumed is None else round(resumed - seen, 1)
+
+
 def predicted_fault_tour(
     report: Report = print,
     steps: int = 300,
@@ -127,6 +136,7 @@ def predicted_fault_tour(
             if len(handle.segments) > 1 else None,
             "job finished": finished and handle.finished,
             "cordoned": Inventory().is_cordoned(node, int(index)),
+            "time to recover s": _time_to_recover_s(result.get("timeline", [])),
             "timeline": [e["what"] for e in result.get("timeline", [])],
         }
     finally:
