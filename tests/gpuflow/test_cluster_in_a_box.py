@@ -22,7 +22,9 @@ import yaml
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
 JOB = "box-job"
-STEPS = 1500
+# Long enough (about a minute on 2 cores) that the event's trigger and remediation land
+# while the job still runs.
+STEPS = 3000
 
 
 def _run(exe: str, *args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -109,8 +111,10 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     with temporary_settings({PREFECT_API_URL: api}):
         emit_health_risk(placed.node, placed.device_index, 0.97, {"remap_pending": 1.0}, placed.sku)
 
+    _wait("remediation to cordon the device", lambda: inventory.is_cordoned(placed.node, placed.device_index)
+          or inventory.job(JOB).state == "finished", 120, 0.5)
+    assert inventory.is_cordoned(placed.node, placed.device_index), "the job finished before remediation began"
     done = _wait("the job to finish", lambda: (j := inventory.job(JOB)).state == "finished" and j, 600, 2.0)
-    assert inventory.is_cordoned(placed.node, placed.device_index)
 
     def job_runs() -> list:
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
