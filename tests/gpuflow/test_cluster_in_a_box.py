@@ -24,7 +24,7 @@ ROOT = Path(__file__).parents[2]
 JOB = "box-job"
 # Long enough (about a minute on 2 cores) that the event's trigger and remediation land
 # while the job still runs.
-STEPS = 3000
+STEPS = 2000
 
 
 def _run(exe: str, *args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -85,7 +85,6 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from hardware.inventory import Inventory
-    from tasks.health.events import emit_health_risk
 
     api = box["client_env"]["PREFECT_API_URL"]
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
@@ -108,8 +107,17 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     placed = inventory.resource(job.resource_ids[0])
     other = "a100-1" if placed.node == "a100-0" else "a100-0"
 
-    with temporary_settings({PREFECT_API_URL: api}):
-        emit_health_risk(placed.node, placed.device_index, 0.97, {"remap_pending": 1.0}, placed.sku)
+    # The event comes from another process, as from a monitor on another host (this test
+    # process's events client may already be bound to another server of the session).
+    emitted = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from tasks.health.events import emit_health_risk; "
+         "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
+         "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
+         placed.node, str(placed.device_index), placed.sku],
+        capture_output=True, text=True, timeout=120, env=box["client_env"], cwd=ROOT,
+    )
+    assert emitted.returncode == 0, emitted.stderr
 
     _wait("remediation to cordon the device", lambda: inventory.is_cordoned(placed.node, placed.device_index)
           or inventory.job(JOB).state == "finished", 120, 0.5)
