@@ -91,7 +91,8 @@ def train(
         release_placement_task(
             cluster, binding, spec.job_id, ok=status == "FINISHED", stopped_by_request=stopped
         )
-        client.set_terminated(run_id, status) if status == "FAILED" else None
+        if status == "FAILED":
+            client.set_terminated(run_id, "FAILED")
 
     for key, value in result_metrics(result).items():
         if value is not None:
