@@ -12,13 +12,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Stamps re-run the install when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+# setuptools says "Editable installation ... be careful with folders in your working
+# directory" for every layout that maps folders (hardware/ -> gpuflow.hardware, setup.py):
+# information about the layout we chose, not a problem, so it is not shown.
+PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
+
+# Stamps re-run the install when pyproject.toml or setup.py changes.
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
+	$(PIP_INSTALL) -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+$(VENV)/.installed-dev: pyproject.toml setup.py | $(BIN)/python
+	$(PIP_INSTALL) -e ".[dev]"
 	touch $(VENV)/.installed $@
 
 # The tour runs on the digital twin, never on real devices, whatever this machine has.

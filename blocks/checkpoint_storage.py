@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, model_validator
 
-from tasks.training.storage import S3_MIN_PART_MB, CheckpointStore, LocalStorage, S3Storage
+from gpuflow.tasks.training.storage import S3_MIN_PART_MB, CheckpointStore, LocalStorage, S3Storage
 
 if TYPE_CHECKING:  # torch is heavy; `prefect block register` should not pay for it
-    from tasks.training.checkpoint import CheckpointManager
+    from gpuflow.tasks.training.checkpoint import CheckpointManager
 
 
 class CheckpointStorage(Block):
@@ -73,7 +73,7 @@ class CheckpointStorage(Block):
         """The folder a local store writes to (GPUFLOW_HOME/checkpoints when path is empty)."""
         if self.path:
             return Path(self.path).expanduser()
-        from hardware.home import gpuflow_home
+        from gpuflow.hardware.home import gpuflow_home
 
         return gpuflow_home() / "checkpoints"
 
@@ -95,7 +95,7 @@ class CheckpointStorage(Block):
 
     def manager(self, job_id: str, expected_model: str | None = None) -> CheckpointManager:
         """A CheckpointManager for ``job_id`` on this store, keeping ``keep_last``."""
-        from tasks.training.checkpoint import CheckpointManager
+        from gpuflow.tasks.training.checkpoint import CheckpointManager
 
         return CheckpointManager(
             self.store(), job_id, keep_last=self.keep_last, expected_model=expected_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
 
-from tasks.edge.nodes import EdgeNode, default_nodes
+from gpuflow.tasks.edge.nodes import EdgeNode, default_nodes
 
 
 class EdgeFleet(Block):

@@ -8,7 +8,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from hardware.backend import Backend
+from gpuflow.hardware.backend import Backend
 
 
 class GpuCluster(Block):
@@ -42,12 +42,12 @@ class GpuCluster(Block):
         return value
 
     def get_backend(self) -> Backend:
-        from hardware.select import get_backend
+        from gpuflow.hardware.select import get_backend
 
         spec = Path(self.cluster_spec).expanduser() if self.cluster_spec else None
         return get_backend(self.backend, spec_path=spec)
 
     def get_inventory(self):  # -> hardware.inventory.Inventory (imported lazily)
-        from hardware.inventory import Inventory
+        from gpuflow.hardware.inventory import Inventory
 
         return Inventory(self.inventory_url.get_secret_value() if self.inventory_url else None)

@@ -19,12 +19,12 @@ import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from blocks.checkpoint_storage import CheckpointStorage
-from flows.train import train
-from tasks.tracking import use_experiment
-from tasks.training.binding import DeviceRequest
-from tasks.training.comparison import compare_results
-from tasks.training.spec import TrainSpec
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.flows.train import train
+from gpuflow.tasks.tracking import use_experiment
+from gpuflow.tasks.training.binding import DeviceRequest
+from gpuflow.tasks.training.comparison import compare_results
+from gpuflow.tasks.training.spec import TrainSpec
 
 EXPERIMENT = "gpuflow-compare-precision"
 

@@ -22,8 +22,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from blocks.edge_fleet import EdgeFleet, load_fleet
-from tasks.edge.deploy import (
+from gpuflow.blocks.edge_fleet import EdgeFleet, load_fleet
+from gpuflow.tasks.edge.deploy import (
     Deployment,
     EdgeDeployError,
     check_name,
@@ -33,14 +33,14 @@ from tasks.edge.deploy import (
     set_current,
     stop_task,
 )
-from tasks.edge.export import export_task
-from tasks.edge.nodes import EdgeNode, check_reachable
-from tasks.edge.package import package_task
-from tasks.edge.planning import PlanResult, plan_task
-from tasks.edge.profile import profile_task
-from tasks.edge.verify import DEFAULT_ATOL, check_task, local_latency_ms, measure_task
-from tasks.tracking import use_experiment
-from tasks.training.models.registry import model_spec
+from gpuflow.tasks.edge.export import export_task
+from gpuflow.tasks.edge.nodes import EdgeNode, check_reachable
+from gpuflow.tasks.edge.package import package_task
+from gpuflow.tasks.edge.planning import PlanResult, plan_task
+from gpuflow.tasks.edge.profile import profile_task
+from gpuflow.tasks.edge.verify import DEFAULT_ATOL, check_task, local_latency_ms, measure_task
+from gpuflow.tasks.tracking import use_experiment
+from gpuflow.tasks.training.models.registry import model_spec
 
 EXPERIMENT = "edge"
 STEPS = ("export", "profile", "plan", "package", "deploy", "check", "measure")

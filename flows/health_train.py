@@ -18,11 +18,11 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from tasks.health.baselines import GbtConfig
-from tasks.health.evaluate import DEFAULT_LEAD_MIN_S, DEFAULT_THRESHOLD
-from tasks.health.history import HistoryConfig
-from tasks.health.model import CHAMPION_ALIAS, EXPERIMENT, REGISTERED_MODEL, TrainConfig
-from tasks.health.pipeline import (
+from gpuflow.tasks.health.baselines import GbtConfig
+from gpuflow.tasks.health.evaluate import DEFAULT_LEAD_MIN_S, DEFAULT_THRESHOLD
+from gpuflow.tasks.health.history import HistoryConfig
+from gpuflow.tasks.health.model import CHAMPION_ALIAS, EXPERIMENT, REGISTERED_MODEL, TrainConfig
+from gpuflow.tasks.health.pipeline import (
     TrainingOutcome,
     load_history_task,
     log_outcome_task,

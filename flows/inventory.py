@@ -10,9 +10,9 @@ from __future__ import annotations
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from tasks.cluster import load_cluster
-from tasks.fleet import fleet_rows, partition_summary
-from tasks.inventory import collect_node_telemetry_task, sync_inventory_task
+from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.fleet import fleet_rows, partition_summary
+from gpuflow.tasks.inventory import collect_node_telemetry_task, sync_inventory_task
 
 
 @flow(name="inventory", log_prints=True)

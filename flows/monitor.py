@@ -19,15 +19,15 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from tasks.cluster import load_cluster
-from tasks.health.monitor import (
+from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.health.monitor import (
     DEFAULT_THRESHOLD,
     RoundReport,
     load_health_model_task,
     run_monitor_task,
     validate_thresholds,
 )
-from tasks.health.sampler import DEFAULT_INTERVAL_S, validate_interval_s
+from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, validate_interval_s
 
 
 @flow(name="monitor", log_prints=True)

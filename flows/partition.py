@@ -9,8 +9,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from tasks.cluster import load_cluster
-from tasks.partition import (
+from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.partition import (
     apply_node_task,
     layout_rows_task,
     restore_node_task,

@@ -24,15 +24,15 @@ from prefect.blocks.notifications import NotificationBlock
 from prefect.events import DeploymentEventTrigger
 from prefect.exceptions import MissingContextError
 
-from blocks.gpu_cluster import GpuCluster
-from hardware.backend import InvalidRequestError
-from tasks.cluster import load_cluster
-from tasks.health.events import DEVICE_LOST_REASON, EVENT_NAME
-from tasks.remediation import ledger as L
-from tasks.remediation.devices import jobs_on_device
-from tasks.remediation.launch import CrashHandler, crash_is_hardware
-from tasks.remediation.notify import resolve_notifier, send_task, summary, timeline_markdown
-from tasks.remediation.steps import (
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON, EVENT_NAME
+from gpuflow.tasks.remediation import ledger as L
+from gpuflow.tasks.remediation.devices import jobs_on_device
+from gpuflow.tasks.remediation.launch import CrashHandler, crash_is_hardware
+from gpuflow.tasks.remediation.notify import resolve_notifier, send_task, summary, timeline_markdown
+from gpuflow.tasks.remediation.steps import (
     CHECKPOINT_AND_STOP,
     CHECKPOINT_NOW,
     RemediationPolicy,

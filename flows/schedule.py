@@ -14,16 +14,16 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from blocks.checkpoint_storage import CheckpointStorage
-from tasks.cluster import load_cluster
-from tasks.scheduling.launch import (
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.scheduling.launch import (
     launch_deployment_task,
     queue_rows_task,
     resolve_launch,
     schedule_pass_task,
 )
-from tasks.scheduling.model import SchedulerConfig
-from tasks.scheduling.runner import run_job_task
+from gpuflow.tasks.scheduling.model import SchedulerConfig
+from gpuflow.tasks.scheduling.runner import run_job_task
 
 
 @flow(name="schedule", log_prints=True)

@@ -12,26 +12,26 @@ import mlflow
 import torch
 from prefect import flow, get_run_logger
 
-from blocks.checkpoint_storage import CheckpointStorage
-from tasks.cluster import load_cluster
-from tasks.remediation.launch import remember_launch
-from tasks.scheduling.train_placement import placement_for_train_task, release_placement_task
-from tasks.tracking import flat_params, use_experiment
-from tasks.training.binding import DeviceRequest
-from tasks.training.job import (
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.remediation.launch import remember_launch
+from gpuflow.tasks.scheduling.train_placement import placement_for_train_task, release_placement_task
+from gpuflow.tasks.tracking import flat_params, use_experiment
+from gpuflow.tasks.training.binding import DeviceRequest
+from gpuflow.tasks.training.job import (
     EXPERIMENT,
     check_owned_node,
     preflight_task,
     result_metrics,
     train_loop_task,
 )
-from tasks.training.loop import trained_model
-from tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.loop import trained_model
+from gpuflow.tasks.training.spec import TrainSpec
 
 
 def _on_failure(flow, flow_run, state) -> None:
     # Imported here: flows/remediate.py imports this module's neighbours, not the reverse.
-    from flows.remediate import remediate_on_train_failure
+    from gpuflow.flows.remediate import remediate_on_train_failure
 
     remediate_on_train_failure(flow, flow_run, state)
 

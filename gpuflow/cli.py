@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hardware.backend import HardwareError, InvalidRequestError
+from gpuflow.hardware.backend import HardwareError, InvalidRequestError
 
 app = typer.Typer(
     name="gpuflow",
@@ -74,7 +74,7 @@ BackendOpt = Annotated[
 
 
 def _backend(name: str | None):
-    from hardware.select import get_backend, resolve_backend_name
+    from gpuflow.hardware.select import get_backend, resolve_backend_name
 
     chosen, reason = resolve_backend_name(name)
     err_console.print(f"[dim]backend: {chosen} ({reason})[/dim]")
@@ -83,7 +83,7 @@ def _backend(name: str | None):
 
 def _sync_inventory(backend) -> None:
     """Keep the inventory in step after a change to devices (it is what schedulers read)."""
-    from hardware.inventory import Inventory
+    from gpuflow.hardware.inventory import Inventory
 
     Inventory().sync(backend)
 
@@ -98,7 +98,7 @@ def hw_list(
     backend: BackendOpt = None,
 ) -> None:
     """List every device: node, index, SKU, memory, partitions, temperature, power, health."""
-    from tasks.fleet import fleet_rows
+    from gpuflow.tasks.fleet import fleet_rows
 
     rows = fleet_rows(_backend(backend))
     if as_json:
@@ -108,7 +108,7 @@ def hw_list(
 
 
 def fleet_table(rows: list[dict[str, Any]], title: str = "gpuflow fleet") -> Table:
-    from tasks.fleet import partition_summary
+    from gpuflow.tasks.fleet import partition_summary
 
     table = Table(title=title, header_style="bold")
     for col, justify in (
@@ -144,7 +144,7 @@ NodesOpt = Annotated[
 
 
 def _read_plan(path: Path):
-    from hardware.partition_plan import load_plan
+    from gpuflow.hardware.partition_plan import load_plan
 
     if not path.is_file():
         raise InvalidRequestError(f"plan file {str(path)!r} does not exist")
@@ -157,7 +157,7 @@ def partition_apply(
     file: PlanFile, config: ConfigName, node: NodesOpt = None, backend: BackendOpt = None
 ) -> None:
     """Validate the whole plan, then bring every selected device to it (idempotent)."""
-    from hardware.partition_plan import apply_plan
+    from gpuflow.hardware.partition_plan import apply_plan
 
     plan = _read_plan(file)
     be = _backend(backend)
@@ -178,7 +178,7 @@ def partition_assert(
     file: PlanFile, config: ConfigName, node: NodesOpt = None, backend: BackendOpt = None
 ) -> None:
     """Exit 0 when every selected device matches the plan, 1 (listing mismatches) otherwise."""
-    from hardware.partition_plan import assert_plan
+    from gpuflow.hardware.partition_plan import assert_plan
 
     plan = _read_plan(file)
     mismatches = assert_plan(_backend(backend), plan, config, nodes=node or None)
@@ -199,7 +199,7 @@ def partition_export(
     backend: BackendOpt = None,
 ) -> None:
     """Write the current layout as a mig-parted plan (config "current")."""
-    from hardware.partition_plan import dump_yaml, export_layout
+    from gpuflow.hardware.partition_plan import dump_yaml, export_layout
 
     text = dump_yaml(export_layout(_backend(backend), nodes=node or None))
     if file is None:
@@ -220,7 +220,7 @@ def _parse_device(text: str) -> tuple[str, int]:
 
 
 def _twin():
-    from hardware.sim import SimBackend
+    from gpuflow.hardware.sim import SimBackend
 
     return SimBackend()
 
@@ -240,7 +240,7 @@ def sim_inject(
 @sim_app.command("faults")
 def sim_faults() -> None:
     """List the fault kinds the twin can inject."""
-    from hardware.sim import FAULT_KINDS
+    from gpuflow.hardware.sim import FAULT_KINDS
 
     for kind in FAULT_KINDS:
         console.print(kind)
@@ -276,7 +276,7 @@ def sim_reset(
     ] = None,
 ) -> None:
     """Re-create the twin's state from a cluster spec (all partitions and faults gone)."""
-    from hardware.sim import SimBackend
+    from gpuflow.hardware.sim import SimBackend
 
     SimBackend.reset_state(spec_path=spec)
     console.print("twin reset")
@@ -296,7 +296,7 @@ def _storage(
 
     from pydantic import SecretStr, ValidationError
 
-    from blocks.checkpoint_storage import CheckpointStorage
+    from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 
     if block:
         return CheckpointStorage.load(block)
@@ -320,7 +320,7 @@ def _storage(
 def _train_spec(**fields: Any):
     from pydantic import ValidationError
 
-    from tasks.training.spec import TrainSpec
+    from gpuflow.tasks.training.spec import TrainSpec
 
     try:
         return TrainSpec(**{k: v for k, v in fields.items() if v is not None})
@@ -350,14 +350,14 @@ class _StepProgress:
         )
 
     def __enter__(self) -> _StepProgress:
-        from tasks.training import job
+        from gpuflow.tasks.training import job
 
         self.progress.start()
         job.step_observers.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from tasks.training import job
+        from gpuflow.tasks.training import job
 
         job.step_observers.remove(self)
         self.progress.stop()
@@ -365,9 +365,9 @@ class _StepProgress:
 
 def _run_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a flow in this process; its refusals become clean CLI errors."""
-    from tasks.training.checkpoint import CheckpointError
-    from tasks.training.precision import PrecisionError
-    from tasks.training.storage import StorageError
+    from gpuflow.tasks.training.checkpoint import CheckpointError
+    from gpuflow.tasks.training.precision import PrecisionError
+    from gpuflow.tasks.training.storage import StorageError
 
     try:
         return fn(*args, **kwargs)
@@ -395,8 +395,8 @@ def train_cmd(
     storage_block: Annotated[str | None, typer.Option(help="A saved CheckpointStorage block.")] = None,
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
-    from flows.train import train
-    from tasks.training.binding import DeviceRequest
+    from gpuflow.flows.train import train
+    from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _train_spec(
         job_id=job_id, model=model, steps=steps, precision=precision,
@@ -433,8 +433,8 @@ def compare_precision_cmd(
     storage_block: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Train the same job under fp32 and candidate policies; speedup and convergence delta."""
-    from flows.compare_precision import compare_precision
-    from tasks.training.binding import DeviceRequest
+    from gpuflow.flows.compare_precision import compare_precision
+    from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _train_spec(
         job_id=job_id, model=model, steps=steps, seed=seed,
@@ -481,7 +481,7 @@ def bench_cmd(
     import importlib
     import time as _time
 
-    from hardware.home import gpuflow_home
+    from gpuflow.hardware.home import gpuflow_home
 
     if name not in BENCHMARKS:
         raise InvalidRequestError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")

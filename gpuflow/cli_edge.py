@@ -32,8 +32,8 @@ def _clean_errors(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from tasks.edge.deploy import EdgeDeployError
-        from tasks.edge.manifest import ManifestError
+        from gpuflow.tasks.edge.deploy import EdgeDeployError
+        from gpuflow.tasks.edge.manifest import ManifestError
 
         try:
             return fn(*args, **kwargs)
@@ -68,8 +68,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 
 
 def _fleet(nodes: int, fleet_block: str | None, speed: list[float] | None, link: float | None):
-    from blocks.edge_fleet import EdgeFleet, load_fleet
-    from tasks.edge.nodes import EdgeNode
+    from gpuflow.blocks.edge_fleet import EdgeFleet, load_fleet
+    from gpuflow.tasks.edge.nodes import EdgeNode
 
     if fleet_block:
         return load_fleet(fleet_block)
@@ -121,11 +121,11 @@ def plan_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export, profile and plan the cuts (no deployment); --out packages the shards too."""
-    from tasks.edge.export import export_model
-    from tasks.edge.package import package_plan
-    from tasks.edge.planning import plan_shards
-    from tasks.edge.profile import profile_nodes
-    from tasks.training.models.registry import model_spec
+    from gpuflow.tasks.edge.export import export_model
+    from gpuflow.tasks.edge.package import package_plan
+    from gpuflow.tasks.edge.planning import plan_shards
+    from gpuflow.tasks.edge.profile import profile_nodes
+    from gpuflow.tasks.training.models.registry import model_spec
 
     model_spec(model)
     fleet = _fleet(nodes, fleet_block, speed, link_mb_s)
@@ -170,7 +170,7 @@ def deploy_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the edge-deploy flow: export, profile, cut, package, serve, check, record."""
-    from flows.edge_deploy import edge_deploy
+    from gpuflow.flows.edge_deploy import edge_deploy
 
     fleet = _fleet(nodes, fleet_block, speed, link_mb_s)
     result = edge_deploy(
@@ -202,7 +202,7 @@ def status_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Every version of each deployment, and which shard processes are alive."""
-    from tasks.edge.deploy import deployment_names, deployment_status
+    from gpuflow.tasks.edge.deploy import deployment_names, deployment_status
 
     names = [name] if name else deployment_names()
     rows = [row for n in names for row in deployment_status(n)]
@@ -236,7 +236,7 @@ def teardown_cmd(
     version: Annotated[str | None, typer.Option(help="Only this version.")] = None,
 ) -> None:
     """Stop the shard processes of a deployment (every version unless --version)."""
-    from tasks.edge.deploy import teardown
+    from gpuflow.tasks.edge.deploy import teardown
 
     stopped = teardown(name, version)
     total = sum(n for _, n in stopped)

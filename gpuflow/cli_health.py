@@ -66,9 +66,9 @@ def train_cmd(
 ) -> None:
     """Generate (or load) the fleet history, train the LSTM and the GBT, evaluate them and
     the baselines on the test split, record in MLflow, register the champion."""
-    from flows.health_train import health_train
-    from tasks.health.history import HistoryConfig
-    from tasks.health.model import TrainConfig
+    from gpuflow.flows.health_train import health_train
+    from gpuflow.tasks.health.history import HistoryConfig
+    from gpuflow.tasks.health.model import TrainConfig
 
     try:
         base = HistoryConfig.small() if quick else HistoryConfig()
@@ -92,7 +92,7 @@ def train_cmd(
 
 
 def _model(model: str | None):
-    from tasks.health.monitor import load_health_model
+    from gpuflow.tasks.health.monitor import load_health_model
 
     try:
         return load_health_model(model)
@@ -107,10 +107,10 @@ def score_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Score every device once, continuing the monitor's windows (nothing is emitted or saved)."""
-    from hardware.select import get_backend
-    from tasks.health.features import FleetWindows
-    from tasks.health.monitor import monitor_dir
-    from tasks.health.scoring import FleetScorer, score_fleet
+    from gpuflow.hardware.select import get_backend
+    from gpuflow.tasks.health.features import FleetWindows
+    from gpuflow.tasks.health.monitor import monitor_dir
+    from gpuflow.tasks.health.scoring import FleetScorer, score_fleet
 
     m, source = _model(model)
     windows = FleetWindows.load_or_new(monitor_dir() / "windows.npz", window=m.window)
@@ -137,7 +137,7 @@ def monitor_cmd(
     fast_forward: Annotated[bool, typer.Option(help="Twin only: advance its clock, don't sleep.")] = False,
 ) -> None:
     """Run the `monitor` flow here: sample, score, emit gpuflow.device.health-risk events."""
-    from flows.monitor import monitor
+    from gpuflow.flows.monitor import monitor
 
     with Progress(TextColumn("monitor"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console) as bar:
@@ -161,9 +161,9 @@ def status_cmd() -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL
-    from tasks.health.monitor import IncidentBook, monitor_dir
-    from tasks.tracking import tracking_uri
+    from gpuflow.tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL
+    from gpuflow.tasks.health.monitor import IncidentBook, monitor_dir
+    from gpuflow.tasks.tracking import tracking_uri
 
     uri = tracking_uri()
     client = MlflowClient(uri, registry_uri=uri)

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hardware.backend import HardwareError, InvalidRequestError
+from gpuflow.hardware.backend import HardwareError, InvalidRequestError
 
 app = typer.Typer(
     help="Move every job off a device (checkpoint, resume elsewhere), cordon it, notify.",
@@ -31,9 +31,9 @@ def _when(at_s: float) -> str:
 
 
 def _history(device: str | None) -> None:
-    from hardware.inventory import Inventory
-    from tasks.remediation.devices import parse_device_ref
-    from tasks.remediation.ledger import Ledger
+    from gpuflow.hardware.inventory import Inventory
+    from gpuflow.tasks.remediation.devices import parse_device_ref
+    from gpuflow.tasks.remediation.ledger import Ledger
 
     inventory = Inventory()
     uuid = None
@@ -105,8 +105,8 @@ def remediate_cmd(
             raise InvalidRequestError("say which device: --device NODE:INDEX (or --history)")
         if isolate not in ("device", "node"):
             raise InvalidRequestError(f"--isolate must be 'device' or 'node', got {isolate!r}")
-        from flows.remediate import remediate
-        from tasks.remediation.steps import RemediationPolicy
+        from gpuflow.flows.remediate import remediate
+        from gpuflow.tasks.remediation.steps import RemediationPolicy
 
         policy = RemediationPolicy(isolate=isolate, checkpoint_timeout_s=checkpoint_timeout_s)
         result = remediate(device=device, reason=reason, trigger="manual", policy=policy,

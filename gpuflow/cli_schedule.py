@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from hardware.backend import HardwareError, InvalidRequestError
+from gpuflow.hardware.backend import HardwareError, InvalidRequestError
 
 app = typer.Typer(
     help="The scheduler: homogeneous gangs, partitions, priorities, bounded queues.",
@@ -52,9 +52,9 @@ def _clean(fn: F) -> F:
 
 
 def _service(queue_depth: int | None = None, policy: str | None = None):
-    from blocks.gpu_cluster import GpuCluster
-    from tasks.scheduling.model import SchedulerConfig
-    from tasks.scheduling.service import SchedulerService
+    from gpuflow.blocks.gpu_cluster import GpuCluster
+    from gpuflow.tasks.scheduling.model import SchedulerConfig
+    from gpuflow.tasks.scheduling.service import SchedulerService
 
     config = SchedulerConfig.from_env(queue_depth=queue_depth, policy=policy)
     return SchedulerService.for_cluster(GpuCluster(), config)
@@ -99,7 +99,7 @@ def submit(
     ] = None,
 ) -> None:
     """Queue a job. Refused at once if no fleet of this shape could run it, or the queue is full."""
-    from tasks.scheduling.model import JobRequest
+    from gpuflow.tasks.scheduling.model import JobRequest
 
     request = JobRequest(
         job_id=job_id,
@@ -117,7 +117,7 @@ def submit(
     )
     train = None
     if not external:
-        from tasks.training.spec import TrainSpec
+        from gpuflow.tasks.training.spec import TrainSpec
 
         spec = TrainSpec(
             job_id=job_id,
@@ -189,7 +189,7 @@ def drain(
     policy: Annotated[str | None, typer.Option(help="binpack | spread | first-fit")] = None,
 ) -> None:
     """Run the `schedule` flow once here: place, preempt, start what was placed."""
-    from flows.schedule import schedule
+    from gpuflow.flows.schedule import schedule
 
     try:
         out = schedule(launch=launch, ack_timeout_s=ack_timeout_s, policy=policy)

@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from hardware.backend import InvalidRequestError
-from hardware.home import gpuflow_home
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.home import gpuflow_home
 
 STATE_FILE = "controlplane.json"
 POOL = "gpuflow-process"
@@ -248,7 +248,7 @@ def up(
         _run([prefect, "--no-prompt", "work-pool", "create", POOL, "--type", "process", "--overwrite"],
              base_env, project_dir, "creating the work pool")
         report("registering and saving Blocks")
-        _run([prefect, "--no-prompt", "block", "register", "-m", "blocks"], base_env, project_dir, "registering blocks")
+        _run([prefect, "--no-prompt", "block", "register", "-m", "gpuflow.blocks"], base_env, project_dir, "registering blocks")
         _run([sys.executable, "-m", "gpuflow.controlplane_blocks"], base_env, project_dir, "saving default blocks")
         if deploy:
             report("applying every deployment of prefect.yaml")
@@ -281,7 +281,7 @@ def up(
 
 def node_queue_name(node: str) -> str:
     """The work queue whose worker owns ``node`` (see tasks/worker_queues.py)."""
-    from tasks.worker_queues import node_queue_name as name
+    from gpuflow.tasks.worker_queues import node_queue_name as name
 
     return name(node)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from blocks import CheckpointStorage, GpuCluster
+from gpuflow.blocks import CheckpointStorage, GpuCluster
 
 
 def save_default_blocks() -> list[str]:

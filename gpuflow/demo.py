@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from hardware.home import gpuflow_home
+from gpuflow.hardware.home import gpuflow_home
 
 
 def _tour_home() -> Path:
@@ -48,11 +48,11 @@ def run_demo(console: Console) -> dict[str, Any]:
             title="gpuflow demo",
         ))
         steps: list[tuple[str, Callable[[], Any]]] = []
-        from hardware.inventory import Inventory
-        from hardware.partition_plan import apply_plan, export_layout, load_plan, plan_layouts
-        from hardware.placement import LayoutError
-        from hardware.sim import SimBackend
-        from tasks.fleet import fleet_rows
+        from gpuflow.hardware.inventory import Inventory
+        from gpuflow.hardware.partition_plan import apply_plan, export_layout, load_plan, plan_layouts
+        from gpuflow.hardware.placement import LayoutError
+        from gpuflow.hardware.sim import SimBackend
+        from gpuflow.tasks.fleet import fleet_rows
 
         twin = SimBackend()
         inventory = Inventory()
@@ -79,10 +79,10 @@ def run_demo(console: Console) -> dict[str, Any]:
             results["unchanged"] = export_layout(twin) == before
 
         def compare() -> None:
-            from blocks.checkpoint_storage import CheckpointStorage
-            from flows.compare_precision import compare_precision
-            from tasks.training.binding import DeviceRequest
-            from tasks.training.spec import TrainSpec
+            from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+            from gpuflow.flows.compare_precision import compare_precision
+            from gpuflow.tasks.training.binding import DeviceRequest
+            from gpuflow.tasks.training.spec import TrainSpec
 
             # The byte-level LM of DESIGN.md section 5, kept short for the tour.
             spec = TrainSpec(job_id="tour-compare", model="byte-lm", steps=40, checkpoint_interval=40)
@@ -92,13 +92,13 @@ def run_demo(console: Console) -> dict[str, Any]:
             )
 
         def predicted_fault() -> None:
-            from tasks.remediation.demo import predicted_fault_tour
+            from gpuflow.tasks.remediation.demo import predicted_fault_tour
 
             results["fault"] = predicted_fault_tour(report=lambda _msg: None)
 
         def edge() -> None:
-            from flows.edge_deploy import edge_deploy
-            from tasks.edge.deploy import teardown
+            from gpuflow.flows.edge_deploy import edge_deploy
+            from gpuflow.tasks.edge.deploy import teardown
 
             try:
                 results["edge"] = edge_deploy(model="resnet18-digits", shards=3, measure_requests=20)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hardware.backend import TelemetrySample
+from gpuflow.hardware.backend import TelemetrySample
 
 # XIDs that mean the device itself is in trouble (DESIGN.md section 4). Application
 # XIDs (13, 31, 43, 45, 68, 109) are not here: NVIDIA's device plugin ignores them too.

@@ -47,8 +47,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardware import hygon_parse as hp
-from hardware.backend import (
+from gpuflow.hardware import hygon_parse as hp
+from gpuflow.hardware.backend import (
     Backend,
     ClockState,
     DeviceInfo,
@@ -62,8 +62,8 @@ from hardware.backend import (
     TelemetrySample,
     UnsupportedError,
 )
-from hardware.placement import Occupied, fit_mig, fit_vdcu
-from hardware.skus import SKUS, SkuSpec
+from gpuflow.hardware.placement import Occupied, fit_mig, fit_vdcu
+from gpuflow.hardware.skus import SKUS, SkuSpec
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from hardware.backend import HardwareError
+from gpuflow.hardware.backend import HardwareError
 
 MIB = 1024 * 1024
 QUOTE_LIMIT = 600

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     CLOCK_EVENT_REASONS,
     Backend,
     ClockState,
@@ -50,8 +50,8 @@ from hardware.backend import (
     TelemetrySample,
     UnsupportedError,
 )
-from hardware.placement import Occupied, fit_mig
-from hardware.skus import SKUS
+from gpuflow.hardware.placement import Occupied, fit_mig
+from gpuflow.hardware.skus import SKUS
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 import yaml
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,
     HardwareError,
@@ -63,8 +63,8 @@ from hardware.backend import (
     PartitionProfile,
     PartitionRequest,
 )
-from hardware.placement import LayoutError, fit_mig, fit_vdcu
-from hardware.skus import SKU_ALIASES, SKUS
+from gpuflow.hardware.placement import LayoutError, fit_mig, fit_vdcu
+from gpuflow.hardware.skus import SKU_ALIASES, SKUS
 
 PLAN_VERSION = "v1"
 EXPORT_CONFIG_NAME = "current"  # mig-parted export's default config label

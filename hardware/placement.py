@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hardware.backend import InvalidRequestError, PartitionProfile, PartitionRequest
+from gpuflow.hardware.backend import InvalidRequestError, PartitionProfile, PartitionRequest
 
 MIG_COMPUTE_SLICES = 7
 MIG_MEMORY_SLICES = 8

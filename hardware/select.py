@@ -10,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 
-from hardware.backend import Backend, InvalidRequestError
+from gpuflow.hardware.backend import Backend, InvalidRequestError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
         raise InvalidRequestError(f"backend {name!r} is not one of {', '.join(BACKEND_NAMES)}")
     if name != "auto":
         return name, f"asked for {name}"
-    from hardware import hygon, nvml
+    from gpuflow.hardware import hygon, nvml
 
     ok, why = nvml.NvmlBackend.available()
     if ok:
@@ -52,13 +52,13 @@ def get_backend(name: str | None = None, spec_path: Path | None = None) -> Backe
     chosen, reason = resolve_backend_name(name)
     log.info("gpuflow backend: %s (%s)", chosen, reason)
     if chosen == "nvml":
-        from hardware.nvml import NvmlBackend
+        from gpuflow.hardware.nvml import NvmlBackend
 
         return NvmlBackend()
     if chosen == "hygon":
-        from hardware.hygon import HygonBackend
+        from gpuflow.hardware.hygon import HygonBackend
 
         return HygonBackend()
-    from hardware.sim import SimBackend
+    from gpuflow.hardware.sim import SimBackend
 
     return SimBackend(spec_path=spec_path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hardware.backend import InvalidRequestError, PartitionProfile, Vendor
+from gpuflow.hardware.backend import InvalidRequestError, PartitionProfile, Vendor
 
 # (NVML enum name, GI profile id, compute slices, memory slices, max count, placement starts)
 # Placements are the A100 rules of NVIDIA's MIG user guide; H100/H200 publish the same

@@ -26,9 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from hardware.backend import DeviceInfo, HardwareError  # noqa: E402
-from hardware.nvml import NvmlBackend  # noqa: E402
-from hardware.skus import SKUS  # noqa: E402
+from gpuflow.hardware.backend import DeviceInfo, HardwareError  # noqa: E402
+from gpuflow.hardware.nvml import NvmlBackend  # noqa: E402
+from gpuflow.hardware.skus import SKUS  # noqa: E402
 
 
 class Report:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blocks.gpu_cluster import GpuCluster
+from gpuflow.blocks.gpu_cluster import GpuCluster
 
 
 def load_cluster(block_name: str | None = None) -> GpuCluster:

@@ -6,8 +6,8 @@ from typing import Any
 
 from prefect import task
 
-from hardware.backend import Backend, DeviceLostError, NodeInfo, TelemetrySample
-from hardware.health import HealthStatus, health_status
+from gpuflow.hardware.backend import Backend, DeviceLostError, NodeInfo, TelemetrySample
+from gpuflow.hardware.health import HealthStatus, health_status
 
 
 def read_node_telemetry(backend: Backend, node: NodeInfo) -> list[TelemetrySample | None]:

@@ -7,9 +7,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from blocks.gpu_cluster import GpuCluster
-from hardware.backend import TelemetrySample
-from tasks.fleet import read_node_telemetry
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.tasks.fleet import read_node_telemetry
 
 
 def sync_inventory(cluster: GpuCluster) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from blocks.gpu_cluster import GpuCluster
-from hardware.partition_plan import (
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.partition_plan import (
     apply_plan,
     dump_yaml,
     export_layout,

@@ -14,7 +14,7 @@ import mlflow
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from hardware.home import gpuflow_home
+from gpuflow.hardware.home import gpuflow_home
 
 
 def tracking_uri() -> str:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from tasks.training.checkpoint import CheckpointManager
-from tasks.training.storage import LocalStorage
+from gpuflow.tasks.training.checkpoint import CheckpointManager
+from gpuflow.tasks.training.storage import LocalStorage
 
 GOAL_RATIO = 0.7
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hardware.sim.hazard import ABRUPT_KINDS, PRECURSOR_KINDS
-from tasks.remediation.downtime_sim import (
+from gpuflow.hardware.sim.hazard import ABRUPT_KINDS, PRECURSOR_KINDS
+from gpuflow.tasks.remediation.downtime_sim import (
     CLASSES,
     REACTIVE,
     FleetConfig,
@@ -78,7 +78,7 @@ def health_measurements() -> tuple[dict[str, float], str | None]:
     try:
         from mlflow.tracking import MlflowClient
 
-        from tasks.tracking import tracking_uri
+        from gpuflow.tasks.tracking import tracking_uri
 
         client = MlflowClient(tracking_uri())
         exp = client.get_experiment_by_name(HEALTH_EXPERIMENT)
@@ -169,7 +169,7 @@ def _log_mlflow(result: dict[str, Any], table: dict[str, dict[str, float]],
                 plots: list[Path], cfg: FleetConfig, seeds: int) -> str:
     import mlflow
 
-    from tasks.tracking import use_experiment
+    from gpuflow.tasks.tracking import use_experiment
 
     exp = use_experiment(EXPERIMENT)
     params = {**{k: str(v) for k, v in dataclasses.asdict(cfg).items() if k != "hazard"},

@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
-from tasks.edge.export import ExportedModel, cached_export
-from tasks.edge.nodes import EdgeNode
-from tasks.edge.package import package_plan
-from tasks.edge.planning import PlanResult, plan_shards
-from tasks.edge.profile import NodeProfile, profile_nodes
-from tasks.edge.verify import check_chain
+from gpuflow.tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
+from gpuflow.tasks.edge.export import ExportedModel, cached_export
+from gpuflow.tasks.edge.nodes import EdgeNode
+from gpuflow.tasks.edge.package import package_plan
+from gpuflow.tasks.edge.planning import PlanResult, plan_shards
+from gpuflow.tasks.edge.profile import NodeProfile, profile_nodes
+from gpuflow.tasks.edge.verify import check_chain
 
 Report = Callable[[str], None]
 SEED_CLAIM = {"model": "resnet152", "nodes": 4, "before_ms": 78.0, "after_ms": 29.0}
@@ -78,8 +78,8 @@ def _start(
     exported: ExportedModel, profile: NodeProfile, k: int, mode: str, cores: list[int], tag: str
 ) -> _Config:
     """Plan, package and launch one configuration, and check it against the whole model."""
-    from tasks.edge.serving.chain import ChainDriver
-    from tasks.edge.serving.client import OipClient
+    from gpuflow.tasks.edge.serving.chain import ChainDriver
+    from gpuflow.tasks.edge.serving.client import OipClient
 
     nodes = _nodes(k, cores)
     result = plan_shards(exported, profile, nodes, k)
@@ -125,7 +125,7 @@ def _bench_model(
     from anything else on the machine falls on all of them alike. Throughput: three
     rounds, each running every configuration's pipelined batch in turn; the median round.
     """
-    from tasks.edge.serving.chain import run_pipelined
+    from gpuflow.tasks.edge.serving.chain import run_pipelined
 
     report(f"{model}: export")
     started = time.perf_counter()

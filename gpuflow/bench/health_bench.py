@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from hardware.backend import TelemetrySample
-from tasks.health.features import BUCKET_S, FleetWindows
-from tasks.health.model import HealthLSTM, TrainConfig
-from tasks.health.sampler import DEFAULT_INTERVAL_S
+from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.tasks.health.features import BUCKET_S, FleetWindows
+from gpuflow.tasks.health.model import HealthLSTM, TrainConfig
+from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S
 
 DEVICES = 10_000
 
@@ -124,8 +124,8 @@ def _cpu_name() -> str:
 
 
 def run(quick: bool = False, report: Callable[[str], None] = print) -> dict[str, Any]:
-    from tasks.health.history import HistoryConfig
-    from tasks.health.pipeline import log_outcome, train_and_evaluate
+    from gpuflow.tasks.health.history import HistoryConfig
+    from gpuflow.tasks.health.pipeline import log_outcome, train_and_evaluate
 
     machine = {
         "cpu": _cpu_name(),

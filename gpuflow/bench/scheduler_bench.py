@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hardware.skus import SKUS
-from tasks.scheduling.model import JobRequest, SchedulerConfig, SubmissionRefused
-from tasks.scheduling.simulate import build_engine, percentile, simulate, to_request
-from tasks.scheduling.trace import (
+from gpuflow.hardware.skus import SKUS
+from gpuflow.tasks.scheduling.model import JobRequest, SchedulerConfig, SubmissionRefused
+from gpuflow.tasks.scheduling.simulate import build_engine, percentile, simulate, to_request
+from gpuflow.tasks.scheduling.trace import (
     A100_40,
     V100,
     fleet_gpus,
@@ -222,7 +222,7 @@ def _record(result: dict[str, Any]) -> str | None:
         import matplotlib.pyplot as plt
         import mlflow
 
-        from tasks.tracking import tracking_uri, use_experiment
+        from gpuflow.tasks.tracking import tracking_uri, use_experiment
 
         experiment_id = use_experiment(EXPERIMENT)
         client = mlflow.MlflowClient(tracking_uri())

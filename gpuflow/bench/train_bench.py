@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from tasks.training.comparison import compare_results
-from tasks.training.loop import TrainResult, train_loop
-from tasks.training.spec import TrainSpec
-from tasks.training.storage import LocalStorage
-from tasks.training.utilization import BusyShare
+from gpuflow.tasks.training.comparison import compare_results
+from gpuflow.tasks.training.loop import TrainResult, train_loop
+from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.storage import LocalStorage
+from gpuflow.tasks.training.utilization import BusyShare
 
 Report = Callable[[str], None]
 
@@ -54,8 +54,8 @@ def flow_overhead(steps: int, root: Path) -> dict[str, Any]:
     """The loop's time inside the flow (with MLflow, lease, control channel, utilization
     through the twin) against the same loop bare. The flow's fixed start-up (Prefect
     server, MLflow store) is reported apart: it does not grow with the job."""
-    from blocks.checkpoint_storage import CheckpointStorage
-    from flows.train import train
+    from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+    from gpuflow.flows.train import train
 
     spec = TrainSpec(job_id="bench-bare", model="byte-lm", steps=steps, checkpoint_interval=steps, precision="fp32")
     _bare(spec.model_copy(update={"job_id": "bench-warmup", "steps": 5}), root)  # warm caches

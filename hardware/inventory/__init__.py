@@ -7,8 +7,8 @@ renewal), the per-job control channel and a small jobs registry. Never imports P
 
 from __future__ import annotations
 
-from hardware.inventory.engine import default_url
-from hardware.inventory.records import (
+from gpuflow.hardware.inventory.engine import default_url
+from gpuflow.hardware.inventory.records import (
     CONTROL_ACTIONS,
     CONTROL_STATUSES,
     JOB_STATES,
@@ -29,7 +29,7 @@ from hardware.inventory.records import (
     ResourceUnavailableError,
     SyncReport,
 )
-from hardware.inventory.store import Inventory
+from gpuflow.hardware.inventory.store import Inventory
 
 __all__ = [
     "CONTROL_ACTIONS",

@@ -13,16 +13,16 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Row, and_, or_, select
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import schema
-from hardware.inventory.engine import (
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.engine import (
     SQLITE_BEGIN,
     default_url,
     ensure_schema,
     make_engine,
     run_write,
 )
-from hardware.inventory.records import (
+from gpuflow.hardware.inventory.records import (
     Cordon,
     DeviceRecord,
     Lease,

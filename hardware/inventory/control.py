@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, insert, select, update
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import schema
-from hardware.inventory.base import StoreBase, check_choice, check_name, check_seconds
-from hardware.inventory.records import CONTROL_ACTIONS, ControlRequest, ControlTimeoutError
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name, check_seconds
+from gpuflow.hardware.inventory.records import CONTROL_ACTIONS, ControlRequest, ControlTimeoutError
 
 
 def _record(row: Row[Any]) -> ControlRequest:

@@ -24,9 +24,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, insert, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
-from hardware.backend import InvalidRequestError
-from hardware.home import gpuflow_home
-from hardware.inventory import schema
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.home import gpuflow_home
+from gpuflow.hardware.inventory import schema
 
 BUSY_TIMEOUT_S = 30.0
 SQLITE_BEGIN = "gpuflow_sqlite_begin"  # execution option: "IMMEDIATE" (default) or "DEFERRED"

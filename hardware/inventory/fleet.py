@@ -6,9 +6,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, delete, insert, select, update
 
-from hardware.backend import InvalidRequestError, TelemetrySample
-from hardware.inventory import schema
-from hardware.inventory.base import (
+from gpuflow.hardware.backend import InvalidRequestError, TelemetrySample
+from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.base import (
     StoreBase,
     check_choice,
     check_name,
@@ -16,7 +16,7 @@ from hardware.inventory.base import (
     node_record,
     partition_record,
 )
-from hardware.inventory.records import (
+from gpuflow.hardware.inventory.records import (
     NODE_ROLES,
     RESOURCE_KINDS,
     Cordon,
@@ -25,7 +25,7 @@ from hardware.inventory.records import (
     PartitionRecord,
     Resource,
 )
-from hardware.skus import sku as sku_spec
+from gpuflow.hardware.skus import sku as sku_spec
 
 _TUPLE_FIELDS = ("clock_event_reasons", "xids")
 

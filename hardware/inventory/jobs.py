@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, insert, select, update
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import schema
-from hardware.inventory.base import StoreBase, check_choice, check_name
-from hardware.inventory.records import JOB_STATES, JobRecord
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name
+from gpuflow.hardware.inventory.records import JOB_STATES, JobRecord
 
 _COLUMN_FIELDS = ("last_checkpoint_id", "resource_ids")
 

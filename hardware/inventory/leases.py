@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, delete, insert, select, update
 
-from hardware.inventory import schema
-from hardware.inventory.base import StoreBase, check_name, check_seconds
-from hardware.inventory.engine import WRITE_ATTEMPTS
-from hardware.inventory.records import (
+from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.base import StoreBase, check_name, check_seconds
+from gpuflow.hardware.inventory.engine import WRITE_ATTEMPTS
+from gpuflow.hardware.inventory.records import (
     Lease,
     LeaseConflictError,
     LeaseNotHeldError,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hardware.backend import HardwareError
+from gpuflow.hardware.backend import HardwareError
 
 NODE_ROLES = ("active", "spare")
 RESOURCE_KINDS = ("device", "mig", "vdcu")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hardware.inventory.control import ControlMixin
-from hardware.inventory.fleet import FleetMixin
-from hardware.inventory.jobs import JobsMixin
-from hardware.inventory.leases import LeaseMixin
-from hardware.inventory.sync import SyncMixin
+from gpuflow.hardware.inventory.control import ControlMixin
+from gpuflow.hardware.inventory.fleet import FleetMixin
+from gpuflow.hardware.inventory.jobs import JobsMixin
+from gpuflow.hardware.inventory.leases import LeaseMixin
+from gpuflow.hardware.inventory.sync import SyncMixin
 
 
 class Inventory(SyncMixin, FleetMixin, LeaseMixin, ControlMixin, JobsMixin):

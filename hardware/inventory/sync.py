@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select, update
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,
     DeviceLostError,
@@ -26,8 +26,8 @@ from hardware.backend import (
     Partition,
     TelemetrySample,
 )
-from hardware.inventory import schema
-from hardware.inventory.base import (
+from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.base import (
     StoreBase,
     check_choice,
     check_index,
@@ -35,7 +35,7 @@ from hardware.inventory.base import (
     lease_record,
     mig_compute_slices,
 )
-from hardware.inventory.records import NODE_ROLES, SyncReport
+from gpuflow.hardware.inventory.records import NODE_ROLES, SyncReport
 
 _DEVICE_FIELDS = (
     "node",

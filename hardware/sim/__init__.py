@@ -6,8 +6,8 @@ workloads (tenants and sharing), fleet (running devices forward), backend (SimBa
 No Prefect, no torch.
 """
 
-from hardware.sim.backend import SimBackend
-from hardware.sim.cluster_spec import ClusterSpec, ClusterSpecError, load_cluster_spec
-from hardware.sim.faults import FAULT_KINDS
+from gpuflow.hardware.sim.backend import SimBackend
+from gpuflow.hardware.sim.cluster_spec import ClusterSpec, ClusterSpecError, load_cluster_spec
+from gpuflow.hardware.sim.faults import FAULT_KINDS
 
 __all__ = ["FAULT_KINDS", "ClusterSpec", "ClusterSpecError", "SimBackend", "load_cluster_spec"]

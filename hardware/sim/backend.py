@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     Backend,
     ClockState,
     DeviceInfo,
@@ -33,15 +33,15 @@ from hardware.backend import (
     TelemetrySample,
     UnsupportedError,
 )
-from hardware.home import gpuflow_home
-from hardware.placement import Occupied, fit_mig, fit_vdcu
-from hardware.sim import clock as simclock
-from hardware.sim import faults as F
-from hardware.sim import fleet, workloads
-from hardware.sim.cluster_spec import ClusterSpec, load_cluster_spec
-from hardware.sim.hazard import draw_injected
-from hardware.sim.state import StateStore
-from hardware.skus import SkuSpec
+from gpuflow.hardware.home import gpuflow_home
+from gpuflow.hardware.placement import Occupied, fit_mig, fit_vdcu
+from gpuflow.hardware.sim import clock as simclock
+from gpuflow.hardware.sim import faults as F
+from gpuflow.hardware.sim import fleet, workloads
+from gpuflow.hardware.sim.cluster_spec import ClusterSpec, load_cluster_spec
+from gpuflow.hardware.sim.hazard import draw_injected
+from gpuflow.hardware.sim.state import StateStore
+from gpuflow.hardware.skus import SkuSpec
 
 FIRST_READ_XID_WINDOW_S = 300.0  # a new reader sees XIDs from the last 5 sim-minutes
 VDCU_PROFILE = "vdcu"

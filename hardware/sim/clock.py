@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hardware.backend import InvalidRequestError
+from gpuflow.hardware.backend import InvalidRequestError
 
 
 def new_clock(wall_s: float | None = None) -> dict[str, float]:

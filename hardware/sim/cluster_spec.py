@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from hardware.backend import InvalidRequestError
-from hardware.sim.hazard import HazardModel
-from hardware.skus import SkuSpec, sku
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.sim.hazard import HazardModel
+from gpuflow.hardware.skus import SkuSpec, sku
 
 DEFAULT_AMBIENT_C = 30.0  # estimate: data-centre inlet air plus the sensor's offset at idle
 _TOP_KEYS = {"name", "seed", "nodes", "faults"}

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardware.skus import SkuSpec
+from gpuflow.hardware.skus import SkuSpec
 
 DAY_S = 86_400.0
 

@@ -14,12 +14,12 @@ import hashlib
 import uuid as uuidlib
 from typing import Any
 
-from hardware.sim import faults as F
-from hardware.sim import physics, workloads
-from hardware.sim.clock import new_clock
-from hardware.sim.cluster_spec import ClusterSpec
-from hardware.sim.hazard import HazardModel, draw_fault, pick_lemons
-from hardware.skus import SkuSpec, sku
+from gpuflow.hardware.sim import faults as F
+from gpuflow.hardware.sim import physics, workloads
+from gpuflow.hardware.sim.clock import new_clock
+from gpuflow.hardware.sim.cluster_spec import ClusterSpec
+from gpuflow.hardware.sim.hazard import HazardModel, draw_fault, pick_lemons
+from gpuflow.hardware.skus import SkuSpec, sku
 
 STATE_VERSION = 1
 FAULT_LOG_MAX = 20_000

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hardware.skus import SkuSpec
+from gpuflow.hardware.skus import SkuSpec
 
 V_MIN_V = 0.70  # estimate: typical 7 nm / 4 nm GPU floor voltage
 V_MAX_V = 1.05  # estimate: typical boost voltage

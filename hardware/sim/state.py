@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hardware.backend import HardwareError
+from gpuflow.hardware.backend import HardwareError
 
 STATE_FILE = "state.json"
 LOCK_FILE = "state.lock"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardware.placement import MIG_COMPUTE_SLICES
+from gpuflow.hardware.placement import MIG_COMPUTE_SLICES
 
 RUNNING = "running"
 

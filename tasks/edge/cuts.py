@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import numpy_helper
 
-from tasks.edge.manifest import KSERVE_TO_NUMPY, TensorSpec, kserve_dtype
+from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY, TensorSpec, kserve_dtype
 
 
 class CutError(ValueError):

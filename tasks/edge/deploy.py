@@ -24,14 +24,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from hardware.home import gpuflow_home
-from tasks.edge.manifest import load_manifest, save_manifest, verify_shard
-from tasks.edge.nodes import EdgeNode, check_reachable, free_port
+from gpuflow.hardware.home import gpuflow_home
+from gpuflow.tasks.edge.manifest import load_manifest, save_manifest, verify_shard
+from gpuflow.tasks.edge.nodes import EdgeNode, check_reachable, free_port
 
 Mode = Literal["forward", "driver"]
 DEPLOYMENT_FILE = "deployment.json"
 CURRENT_FILE = "current"
-SERVER_MODULE = "tasks.edge.serving.server"
+SERVER_MODULE = "gpuflow.tasks.edge.serving.server"
 _READY_PREFIX = "READY "
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -344,7 +344,7 @@ def _replace(manifest, **changes):  # dataclasses.replace re-runs validation
 
 def wait_ready(deployment: Deployment, timeout_s: float = 60.0) -> None:
     """Every shard answers ModelReady over OIP (a forwarding head only when its hops do)."""
-    from tasks.edge.serving.client import OipClient
+    from gpuflow.tasks.edge.serving.client import OipClient
 
     for record in deployment.shards:
         with OipClient(record.address, timeout_s=5.0) as client:

@@ -28,7 +28,7 @@ import onnx
 import torch
 from torch import nn
 
-from tasks.training.models.registry import build_model, model_spec
+from gpuflow.tasks.training.models.registry import build_model, model_spec
 
 DEFAULT_OPSET = 18
 INPUT_NAME = "input"
@@ -247,7 +247,7 @@ def cached_export(
     skips the exporter (seconds for a small ResNet, a minute for ResNet-152). The files are
     hard-linked into ``out_dir`` (copied across file systems).
     """
-    from hardware.home import gpuflow_home
+    from gpuflow.hardware.home import gpuflow_home
 
     cache = gpuflow_home() / "cache" / "edge-exports" / _cache_key(
         model_name, seed, opset, overrides

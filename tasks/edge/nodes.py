@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from tasks.edge.partition import NodeCapacity
+from gpuflow.tasks.edge.partition import NodeCapacity
 
 LOOPBACK = "127.0.0.1"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import onnx
 import onnx.utils
 
-from tasks.edge.cuts import GraphCuts
-from tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
-from tasks.edge.partition import Plan
+from gpuflow.tasks.edge.cuts import GraphCuts
+from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
+from gpuflow.tasks.edge.partition import Plan
 
 SHARD_ONNX = "model.onnx"
 DOCKERFILE = "Dockerfile"
@@ -70,7 +70,7 @@ COPY {manifest.onnx_file} manifest.json /shard/
 EXPOSE {SERVING_PORT}
 # The server checks model.onnx against the manifest's sha256 before it serves.
 # Forwarding: add --forward-to NEXT_HOST:PORT --forward-model NEXT_MODEL (or set next_hop).
-ENTRYPOINT ["python", "-m", "tasks.edge.serving.server", "--shard-dir", "/shard", \
+ENTRYPOINT ["python", "-m", "gpuflow.tasks.edge.serving.server", "--shard-dir", "/shard", \
 "--host", "0.0.0.0", "--port", "{SERVING_PORT}"]
 """
 

@@ -6,17 +6,17 @@ from dataclasses import dataclass
 
 import onnx
 
-from tasks.edge.cuts import CutError, GraphCuts, bytes_per_item, find_cuts
-from tasks.edge.export import ExportedModel
-from tasks.edge.nodes import EdgeNode
-from tasks.edge.partition import (
+from gpuflow.tasks.edge.cuts import CutError, GraphCuts, bytes_per_item, find_cuts
+from gpuflow.tasks.edge.export import ExportedModel
+from gpuflow.tasks.edge.nodes import EdgeNode
+from gpuflow.tasks.edge.partition import (
     ChainCosts,
     PartitionError,
     Plan,
     equal_op_split,
     optimal_split,
 )
-from tasks.edge.profile import NodeProfile, segment_costs_ms
+from gpuflow.tasks.edge.profile import NodeProfile, segment_costs_ms
 
 
 @dataclass

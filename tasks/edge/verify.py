@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import onnxruntime as ort
 
-from tasks.edge.deploy import Deployment
-from tasks.edge.export import ExportedModel
-from tasks.edge.profile import session_options
+from gpuflow.tasks.edge.deploy import Deployment
+from gpuflow.tasks.edge.export import ExportedModel
+from gpuflow.tasks.edge.profile import session_options
 
 DEFAULT_ATOL = 1e-4
 
@@ -54,7 +54,7 @@ def reference_outputs(
 
 def chain_infer(deployment: Deployment, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """One request through the deployed chain (forwarding head, or a driver over the shards)."""
-    from tasks.edge.serving.chain import run_chain_driver, run_chain_forwarding
+    from gpuflow.tasks.edge.serving.chain import run_chain_driver, run_chain_forwarding
 
     if deployment.mode == "forward":
         out = run_chain_forwarding(deployment.addresses[0], deployment.model_names[0], inputs)
@@ -111,8 +111,8 @@ def measure_chain(
 
     ``in_flight`` requests are kept in flight for the throughput run (default: 2 per shard).
     """
-    from tasks.edge.serving.chain import ChainDriver, run_pipelined
-    from tasks.edge.serving.client import OipClient
+    from gpuflow.tasks.edge.serving.chain import ChainDriver, run_pipelined
+    from gpuflow.tasks.edge.serving.client import OipClient
 
     in_flight = in_flight or 2 * len(deployment.shards)
     sample = exported.sample_inputs(batch=1, seed=7)

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from hardware.health import HOT_TEMPERATURE_C
-from tasks.health.features import FEATURE_INDEX, FEATURES, summary_features
-from tasks.health.history import History, SplitData
-from tasks.health.model import TrainConfig, fit_calibration, training_indices, weighted_ap
+from gpuflow.hardware.health import HOT_TEMPERATURE_C
+from gpuflow.tasks.health.features import FEATURE_INDEX, FEATURES, summary_features
+from gpuflow.tasks.health.history import History, SplitData
+from gpuflow.tasks.health.model import TrainConfig, fit_calibration, training_indices, weighted_ap
 
 _TEMP = FEATURE_INDEX["temperature_c"]
 _PENDING = FEATURE_INDEX["remap_pending"]

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import precision_recall_curve
 
-from tasks.health.history import SplitData
-from tasks.health.model import weighted_ap
+from gpuflow.tasks.health.history import SplitData
+from gpuflow.tasks.health.model import weighted_ap
 
 ABRUPT_CLASSES = ("xid79", "ecc-uncorrectable")
 CLASSES = ("hbm", "thermal", "xid79", "ecc-uncorrectable")

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hardware.backend import Backend
-    from tasks.health.model import HealthModel
+    from gpuflow.hardware.backend import Backend
+    from gpuflow.tasks.health.model import HealthModel
 
 EVENT_NAME = "gpuflow.device.health-risk"
 RESOURCE_PREFIX = "gpuflow.device."
@@ -129,14 +129,14 @@ def emit_health_risk(
 
 def score_fleet(backend: Backend, model: HealthModel | None = None) -> list[DeviceRisk]:
     """Sample and score every device the backend sees (see tasks.health.scoring)."""
-    from tasks.health.scoring import score_fleet as _score_fleet
+    from gpuflow.tasks.health.scoring import score_fleet as _score_fleet
 
     return _score_fleet(backend, model)
 
 
 def load_champion() -> HealthModel:
     """The registered champion model (``models:/gpuflow-health-lstm@champion``)."""
-    from tasks.health.model import load_champion as _load_champion
+    from gpuflow.tasks.health.model import load_champion as _load_champion
 
     return _load_champion()
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from hardware.backend import TelemetrySample
-from hardware.health import CRITICAL_XIDS
+from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.hardware.health import CRITICAL_XIDS
 
 BUCKET_S = 300.0  # one bucket: 5 minutes of samples
 WINDOW_BUCKETS = 12  # one window: the last hour

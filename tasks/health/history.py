@@ -46,18 +46,18 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hardware.sim import faults as F
-from hardware.sim import physics
-from hardware.sim.hazard import (
+from gpuflow.hardware.sim import faults as F
+from gpuflow.hardware.sim import physics
+from gpuflow.hardware.sim.hazard import (
     DAY_S,
     FaultDraw,
     HazardModel,
     device_schedule,
     pick_lemons,
 )
-from hardware.skus import SkuSpec
-from hardware.skus import sku as lookup_sku
-from tasks.health.features import (
+from gpuflow.hardware.skus import SkuSpec
+from gpuflow.hardware.skus import sku as lookup_sku
+from gpuflow.tasks.health.features import (
     BUCKET_S,
     N_FEATURES,
     WINDOW_BUCKETS,
@@ -789,7 +789,7 @@ def _build_split(
 
 
 def history_path(cfg: HistoryConfig, home: Path | None = None) -> Path:
-    from hardware.home import gpuflow_home
+    from gpuflow.hardware.home import gpuflow_home
 
     return (home or gpuflow_home()) / "health" / "history" / f"history-{cfg.cache_key()}.npz"
 

@@ -26,8 +26,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 from torch import nn
 
-from tasks.health.features import BUCKET_S, FEATURES, WINDOW_BUCKETS
-from tasks.health.history import History, SplitData
+from gpuflow.tasks.health.features import BUCKET_S, FEATURES, WINDOW_BUCKETS
+from gpuflow.tasks.health.history import History, SplitData
 
 REGISTERED_MODEL = "gpuflow-health-lstm"
 CHAMPION_ALIAS = "champion"
@@ -305,7 +305,7 @@ def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> 
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import tracking_uri
+    from gpuflow.tasks.tracking import tracking_uri
 
     uri = tracking_uri()
     # The registry follows the store explicitly: mlflow keeps a process-wide registry URI

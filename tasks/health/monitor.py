@@ -26,13 +26,13 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from hardware.backend import Backend
-from hardware.home import gpuflow_home
-from tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
-from tasks.health.features import FleetWindows
-from tasks.health.model import HealthModel
-from tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
-from tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks
+from gpuflow.hardware.backend import Backend
+from gpuflow.hardware.home import gpuflow_home
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
+from gpuflow.tasks.health.features import FleetWindows
+from gpuflow.tasks.health.model import HealthModel
+from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
+from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks
 
 DEFAULT_THRESHOLD = 0.85
 CLEAR_RATIO = 0.8  # default clear threshold: 80 % of the alarm threshold
@@ -234,9 +234,9 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
     """(model, where it came from). None: the registered champion, or the threshold rules
     when none is registered yet (so a fresh install still watches its fleet); "rules":
     the rules; any other string: an MLflow model URI (``models:/name@alias``, ``runs:/``)."""
-    from tasks.health.baselines import RuleModel
-    from tasks.health.features import WINDOW_BUCKETS
-    from tasks.health.model import champion_uri, load_champion
+    from gpuflow.tasks.health.baselines import RuleModel
+    from gpuflow.tasks.health.features import WINDOW_BUCKETS
+    from gpuflow.tasks.health.model import champion_uri, load_champion
 
     if model_uri == RULES_URI:
         return RuleModel(WINDOW_BUCKETS), RULES_URI
@@ -247,8 +247,8 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
             return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
     import mlflow
 
-    from tasks.health.model import HealthLSTM
-    from tasks.tracking import tracking_uri
+    from gpuflow.tasks.health.model import HealthLSTM
+    from gpuflow.tasks.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_registry_uri(tracking_uri())

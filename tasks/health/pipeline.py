@@ -24,7 +24,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 from threadpoolctl import threadpool_limits
 
-from tasks.health.baselines import (
+from gpuflow.tasks.health.baselines import (
     GbtConfig,
     GbtHealthModel,
     RuleModel,
@@ -32,7 +32,7 @@ from tasks.health.baselines import (
     random_scores,
     train_gbt,
 )
-from tasks.health.evaluate import (
+from gpuflow.tasks.health.evaluate import (
     DEFAULT_LEAD_MIN_S,
     DEFAULT_THRESHOLD,
     EvalResult,
@@ -41,8 +41,8 @@ from tasks.health.evaluate import (
     plot_pr_curves,
     random_threshold_for,
 )
-from tasks.health.history import History, HistoryConfig, SplitData, load_or_generate
-from tasks.health.model import (
+from gpuflow.tasks.health.history import History, HistoryConfig, SplitData, load_or_generate
+from gpuflow.tasks.health.model import (
     CHAMPION_ALIAS,
     EXPERIMENT,
     REGISTERED_MODEL,
@@ -216,7 +216,7 @@ def log_outcome(
     import torch
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import flat_params, tracking_uri, use_experiment
+    from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
 
     experiment_id = use_experiment(experiment)
     uri = tracking_uri()

@@ -18,15 +18,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,
     DeviceLostError,
     HardwareError,
     TelemetrySample,
 )
-from hardware.skus import sku as lookup_sku
-from tasks.health.features import DEFAULT_MAX_CLOCK_MHZ
+from gpuflow.hardware.skus import sku as lookup_sku
+from gpuflow.tasks.health.features import DEFAULT_MAX_CLOCK_MHZ
 
 MIN_INTERVAL_S = 5.0
 DEFAULT_INTERVAL_S = 5.0

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from hardware.backend import Backend, TelemetrySample
-from tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
-from tasks.health.features import FEATURES, FleetWindows
-from tasks.health.model import HealthModel
-from tasks.health.sampler import FleetSample, TelemetrySampler
+from gpuflow.hardware.backend import Backend, TelemetrySample
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
+from gpuflow.tasks.health.features import FEATURES, FleetWindows
+from gpuflow.tasks.health.model import HealthModel
+from gpuflow.tasks.health.sampler import FleetSample, TelemetrySampler
 
 # XIDs that are the failure itself, not a warning of it (hardware.sim.faults ends HBM
 # degradations with these; XID 48 is a double-bit error).
@@ -115,7 +115,7 @@ def score_fleet(
     continue its state. Without a ``model``: the registered champion."""
     if scorer is None:
         if model is None:
-            from tasks.health.model import load_champion
+            from gpuflow.tasks.health.model import load_champion
 
             model = load_champion()
         scorer = FleetScorer(model)

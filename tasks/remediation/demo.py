@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hardware.backend import InvalidRequestError
+from gpuflow.hardware.backend import InvalidRequestError
 
 Report = Callable[[str], None]
 
@@ -21,18 +21,18 @@ Report = Callable[[str], None]
 def _health_model(window: int) -> tuple[Any, str]:
     """The registered champion if there is one, else the threshold rules (said so)."""
     try:
-        from tasks.health.model import load_champion
+        from gpuflow.tasks.health.model import load_champion
 
         return load_champion(), "LSTM champion (MLflow registry)"
     except Exception:  # noqa: BLE001 - no registry, no model: the rules still see HBM remaps
-        from tasks.health.baselines import RuleModel
+        from gpuflow.tasks.health.baselines import RuleModel
 
         return RuleModel(window), "threshold rules (no LSTM champion registered yet)"
 
 
 def _time_to_recover_s(timeline: list[dict[str, Any]]) -> float | None:
     """From the risk being seen to the job running again elsewhere (wall seconds)."""
-    from tasks.remediation.ledger import JOB_RESUMED, RISK_SEEN
+    from gpuflow.tasks.remediation.ledger import JOB_RESUMED, RISK_SEEN
 
     seen = next((e["at_s"] for e in timeline if e["what"] == RISK_SEEN), None)
     resumed = next((e["at_s"] for e in timeline if e["what"] == JOB_RESUMED), None)
@@ -48,16 +48,16 @@ def predicted_fault_tour(
     """Run the scenario on the twin in GPUFLOW_HOME; returns what happened."""
     import torch
 
-    from blocks.checkpoint_storage import CheckpointStorage
-    from blocks.gpu_cluster import GpuCluster
-    from flows.remediate import remediate
-    from hardware.inventory import Inventory
-    from tasks.health.events import emit_health_risk, health_risk_payload, resource_id_for
-    from tasks.health.features import WINDOW_BUCKETS
-    from tasks.health.monitor import monitor_dir, run_monitor
-    from tasks.remediation.launch import RUNNER
-    from tasks.training.binding import DeviceRequest
-    from tasks.training.spec import TrainSpec
+    from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+    from gpuflow.blocks.gpu_cluster import GpuCluster
+    from gpuflow.flows.remediate import remediate
+    from gpuflow.hardware.inventory import Inventory
+    from gpuflow.tasks.health.events import emit_health_risk, health_risk_payload, resource_id_for
+    from gpuflow.tasks.health.features import WINDOW_BUCKETS
+    from gpuflow.tasks.health.monitor import monitor_dir, run_monitor
+    from gpuflow.tasks.remediation.launch import RUNNER
+    from gpuflow.tasks.training.binding import DeviceRequest
+    from gpuflow.tasks.training.spec import TrainSpec
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a toy job next to the monitor: one thread each

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import DeviceRecord, Inventory, Lease
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import DeviceRecord, Inventory, Lease
 
 RESOURCE_PREFIX = "gpuflow.device."
 _INDEX = re.compile(r"^\d{1,6}$")

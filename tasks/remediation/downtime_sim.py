@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hardware.sim.hazard import (
+from gpuflow.hardware.sim.hazard import (
     ABRUPT_KINDS,
     DAY_S,
     PRECURSOR_KINDS,

@@ -24,20 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from blocks.checkpoint_storage import CheckpointStorage
-from blocks.gpu_cluster import GpuCluster
-from hardware.backend import (
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.backend import (
     Backend,
     DeviceLostError,
     HardwareError,
     InvalidRequestError,
 )
-from hardware.health import health_status
-from hardware.inventory import Inventory, LeaseError
-from tasks.training.binding import Binding, DeviceRequest
-from tasks.training.loop import StepInfo, TrainResult
-from tasks.training.spec import TrainSpec
-from tasks.worker_queues import queue_for_node
+from gpuflow.hardware.health import health_status
+from gpuflow.hardware.inventory import Inventory, LeaseError
+from gpuflow.tasks.training.binding import Binding, DeviceRequest
+from gpuflow.tasks.training.loop import StepInfo, TrainResult
+from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.worker_queues import queue_for_node
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class InProcessRunner:
         step_hooks: tuple[Callable[[StepInfo], None], ...] = (),
     ) -> JobHandle:
         """Lease a device for a new job (as the `train` flow does) and train it in a thread."""
-        from tasks.training.job import acquire
+        from gpuflow.tasks.training.job import acquire
 
         device = device or DeviceRequest()
         with self._lock:
@@ -263,7 +263,7 @@ class InProcessRunner:
     def _run(
         self, handle: JobHandle, segment: Segment, binding: Binding, cluster: GpuCluster
     ) -> None:
-        from tasks.training.job import release, run_training
+        from gpuflow.tasks.training.job import release, run_training
 
         def record(info: StepInfo) -> None:
             if segment.first_step is None:

@@ -30,9 +30,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import DeviceRecord
-from hardware.inventory.engine import default_url, make_engine, run_write
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import DeviceRecord
+from gpuflow.hardware.inventory.engine import default_url, make_engine, run_write
 
 TRIGGERS = ("predicted", "reactive", "manual")
 # open: work in progress; waiting: some job is not running elsewhere yet (no healthy

@@ -19,7 +19,7 @@ from prefect.blocks.core import Block
 from prefect.blocks.notifications import NotificationBlock
 from prefect.cache_policies import NONE
 
-from hardware.backend import InvalidRequestError
+from gpuflow.hardware.backend import InvalidRequestError
 
 log = logging.getLogger(__name__)
 

@@ -31,14 +31,14 @@ from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, Field
 
-from blocks.gpu_cluster import GpuCluster
-from hardware.backend import Backend, DeviceLostError, HardwareError, InvalidRequestError
-from hardware.health import health_status
-from hardware.inventory import ControlTimeoutError, DeviceRecord, Inventory
-from tasks.remediation import ledger as L
-from tasks.remediation.devices import DeviceRef, JobOnDevice, parse_device_ref
-from tasks.remediation.launch import CrashHandler, LaunchError, relaunch, storage_from_record
-from tasks.training.binding import Binding, DeviceRequest, lease_device
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.backend import Backend, DeviceLostError, HardwareError, InvalidRequestError
+from gpuflow.hardware.health import health_status
+from gpuflow.hardware.inventory import ControlTimeoutError, DeviceRecord, Inventory
+from gpuflow.tasks.remediation import ledger as L
+from gpuflow.tasks.remediation.devices import DeviceRef, JobOnDevice, parse_device_ref
+from gpuflow.tasks.remediation.launch import CrashHandler, LaunchError, relaunch, storage_from_record
+from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def last_periodic_checkpoint(inventory: Inventory, job: JobOnDevice) -> str | No
     """The job's newest committed checkpoint: from its store when we know the store (the
     truth), else what the jobs registry last heard."""
     if job.launch and job.launch.get("storage"):
-        from tasks.training.checkpoint import CheckpointManager
+        from gpuflow.tasks.training.checkpoint import CheckpointManager
 
         try:
             store = storage_from_record(job.launch["storage"]).store()

@@ -6,8 +6,8 @@ the inventory and the control channel; the `schedule` flow drives the service. S
 docs/scheduling.md.
 """
 
-from tasks.scheduling.engine import Engine
-from tasks.scheduling.model import (
+from gpuflow.tasks.scheduling.engine import Engine
+from gpuflow.tasks.scheduling.model import (
     JobRequest,
     NoCapacityError,
     Placement,

@@ -20,9 +20,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hardware.backend import InvalidRequestError, PartitionRequest
-from tasks.scheduling.fleet_index import Dev, FleetIndex, PoolKey, Unit, spec_or_none
-from tasks.scheduling.model import (
+from gpuflow.hardware.backend import InvalidRequestError, PartitionRequest
+from gpuflow.tasks.scheduling.fleet_index import Dev, FleetIndex, PoolKey, Unit, spec_or_none
+from gpuflow.tasks.scheduling.model import (
     CANCELLED,
     DONE_STATES,
     FAILED,
@@ -43,9 +43,9 @@ from tasks.scheduling.model import (
     SchedulerConfig,
     SubmissionRefused,
 )
-from tasks.scheduling.preemption import Candidate, Choice, choose_victims
-from tasks.scheduling.queue import JobQueue
-from tasks.scheduling.repartition import RepartitionStep, mig_fit
+from gpuflow.tasks.scheduling.preemption import Candidate, Choice, choose_victims
+from gpuflow.tasks.scheduling.queue import JobQueue
+from gpuflow.tasks.scheduling.repartition import RepartitionStep, mig_fit
 
 EXTERNAL = "external:"  # owner prefix of leases the scheduler did not make
 

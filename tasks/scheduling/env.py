@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import Resource
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import Resource
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -127,7 +127,7 @@ def kubernetes_job_variables(resources: Sequence[Resource], job_id: str) -> dict
         limits["hygon.com/dcunum"] = str(per_pod)
         if first.kind == "vdcu":
             # HAMi: dcumem in MiB, dcucores as a percentage of the card's compute units.
-            from hardware.skus import sku as sku_spec
+            from gpuflow.hardware.skus import sku as sku_spec
 
             total_cu = sku_spec(first.sku).compute_units or 1
             limits["hygon.com/dcumem"] = str(first.memory_mb)

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from hardware.backend import InvalidRequestError
-from hardware.skus import SkuSpec
-from hardware.skus import sku as sku_spec
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.skus import SkuSpec
+from gpuflow.hardware.skus import sku as sku_spec
 
 PoolKey = tuple[str, str]  # (region, sku)
 PartKey = tuple[str, str, str]  # (region, sku, profile)

@@ -13,9 +13,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from tasks.scheduling.model import SchedulerConfig
-from tasks.scheduling.service import SchedulerService
-from tasks.worker_queues import queue_for_node
+from gpuflow.tasks.scheduling.model import SchedulerConfig
+from gpuflow.tasks.scheduling.service import SchedulerService
+from gpuflow.tasks.worker_queues import queue_for_node
 
 log = logging.getLogger(__name__)
 

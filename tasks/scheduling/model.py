@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hardware.backend import HardwareError, InvalidRequestError
-from hardware.skus import sku as sku_spec
+from gpuflow.hardware.backend import HardwareError, InvalidRequestError
+from gpuflow.hardware.skus import sku as sku_spec
 
 POLICIES = ("binpack", "spread", "first-fit")
 UNIT_KINDS = ("device", "mig", "vdcu")
@@ -114,7 +114,7 @@ class JobRequest(BaseModel):
     def _profile(cls, value: str | None) -> str | None:
         if value is None or value == VDCU:
             return value
-        from hardware.partition_plan import normalize_profile
+        from gpuflow.hardware.partition_plan import normalize_profile
 
         return normalize_profile(value)  # raises ValueError on a malformed name
 

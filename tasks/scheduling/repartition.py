@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from hardware.backend import PartitionRequest
-from hardware.placement import LayoutError, Occupied, fit_mig
-from hardware.skus import SkuSpec
+from gpuflow.hardware.backend import PartitionRequest
+from gpuflow.hardware.placement import LayoutError, Occupied, fit_mig
+from gpuflow.hardware.skus import SkuSpec
 
 Signature = tuple[tuple[int, int, int, str], ...]
 

@@ -18,8 +18,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from tasks.scheduling.service import SchedulerService
-from tasks.scheduling.train_placement import placement_for_train, release_placement
+from gpuflow.tasks.scheduling.service import SchedulerService
+from gpuflow.tasks.scheduling.train_placement import placement_for_train, release_placement
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,10 @@ def run_scheduled_job(
     with ``run_id`` and ``resource_id``. Raises if the job has no train spec."""
     import mlflow
 
-    from tasks.tracking import flat_params, tracking_uri, use_experiment
-    from tasks.training.binding import DeviceRequest
-    from tasks.training.job import EXPERIMENT, preflight, result_metrics, run_training
-    from tasks.training.spec import TrainSpec
+    from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
+    from gpuflow.tasks.training.binding import DeviceRequest
+    from gpuflow.tasks.training.job import EXPERIMENT, preflight, result_metrics, run_training
+    from gpuflow.tasks.training.spec import TrainSpec
 
     service = SchedulerService.for_cluster(cluster)
     train = service.train_spec(job_id)

@@ -27,17 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardware.backend import Backend, HardwareError, InvalidRequestError, PartitionRequest
-from hardware.inventory import (
+from gpuflow.hardware.backend import Backend, HardwareError, InvalidRequestError, PartitionRequest
+from gpuflow.hardware.inventory import (
     Inventory,
     JobRecord,
     Lease,
     LeaseError,
     Resource,
 )
-from tasks.scheduling.engine import Engine, Job
-from tasks.scheduling.env import run_environment
-from tasks.scheduling.model import (
+from gpuflow.tasks.scheduling.engine import Engine, Job
+from gpuflow.tasks.scheduling.env import run_environment
+from gpuflow.tasks.scheduling.model import (
     CANCELLED,
     DONE_STATES,
     FAILED,
@@ -54,7 +54,7 @@ from tasks.scheduling.model import (
     Preemption,
     SchedulerConfig,
 )
-from tasks.scheduling.repartition import RepartitionStep
+from gpuflow.tasks.scheduling.repartition import RepartitionStep
 
 log = logging.getLogger(__name__)
 

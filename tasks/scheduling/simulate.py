@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardware.skus import MIG_COMPUTE_SLICES, SKUS
-from tasks.scheduling.engine import Engine
-from tasks.scheduling.fleet_index import Unit
-from tasks.scheduling.model import (
+from gpuflow.hardware.skus import MIG_COMPUTE_SLICES, SKUS
+from gpuflow.tasks.scheduling.engine import Engine
+from gpuflow.tasks.scheduling.fleet_index import Unit
+from gpuflow.tasks.scheduling.model import (
     STOPPING,
     Activation,
     Growth,
@@ -35,7 +35,7 @@ from tasks.scheduling.model import (
     SchedulerConfig,
     SubmissionRefused,
 )
-from tasks.scheduling.trace import NodeGroup, TraceJob, speed
+from gpuflow.tasks.scheduling.trace import NodeGroup, TraceJob, speed
 
 ARRIVE, FINISH, STOPPED = 0, 1, 2
 

@@ -22,7 +22,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from hardware.skus import SKUS, sku
+from gpuflow.hardware.skus import SKUS, sku
 
 A100_40 = "NVIDIA A100-SXM4-40GB"
 A100_80 = "NVIDIA A100-SXM4-80GB"

@@ -16,9 +16,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from hardware.backend import InvalidRequestError
-from tasks.scheduling.model import JobRequest, NoCapacityError, SchedulerConfig
-from tasks.scheduling.service import SchedulerService, is_scheduled
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.tasks.scheduling.model import JobRequest, NoCapacityError, SchedulerConfig
+from gpuflow.tasks.scheduling.service import SchedulerService, is_scheduled
 
 
 def request_from_device(device: Any, job_id: str, priority: int = 0) -> JobRequest:
@@ -74,7 +74,7 @@ def placement_for_train(
     ``wait_s`` seconds. Still no room: the submission is withdrawn and NoCapacityError
     raised, so the flow fails like an empty fleet did before (its task retries re-ask).
     """
-    from tasks.training.binding import Binding, _sku_or_none, torch_device_for
+    from gpuflow.tasks.training.binding import Binding, _sku_or_none, torch_device_for
 
     service = SchedulerService.for_cluster(cluster, config)
     inventory = service.inventory

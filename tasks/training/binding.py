@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, Field
 
-from hardware.backend import Backend, InvalidRequestError
-from hardware.inventory import Inventory, Lease, LeaseConflictError, Resource
-from hardware.skus import SkuSpec, sku
+from gpuflow.hardware.backend import Backend, InvalidRequestError
+from gpuflow.hardware.inventory import Inventory, Lease, LeaseConflictError, Resource
+from gpuflow.hardware.skus import SkuSpec, sku
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.serialization import config as torch_serialization_config
 
-from tasks.training.storage import CheckpointStore, ObjectNotFoundError, StorageError
+from gpuflow.tasks.training.storage import CheckpointStore, ObjectNotFoundError, StorageError
 
 log = logging.getLogger(__name__)
 

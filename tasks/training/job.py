@@ -12,14 +12,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from blocks.checkpoint_storage import CheckpointStorage
-from blocks.gpu_cluster import GpuCluster
-from hardware.backend import DeviceLostError, InvalidRequestError
-from tasks.training.binding import Binding, DeviceRequest, lease_device
-from tasks.training.loop import StepInfo, TrainResult, build_workload, train_loop
-from tasks.training.spec import TrainSpec
-from tasks.training.utilization import DeviceUtilization
-from tasks.worker_queues import owned_node
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
+from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
+from gpuflow.tasks.training.loop import StepInfo, TrainResult, build_workload, train_loop
+from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.utilization import DeviceUtilization
+from gpuflow.tasks.worker_queues import owned_node
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ def preflight(spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, 
     Unknown model/policy (TrainSpec), a precision the requested SKU lacks, a bucket that
     does not exist or refuses the credentials, a checkpoint of another model.
     """
-    from hardware.skus import sku as sku_of
-    from tasks.training.binding import torch_device_for
+    from gpuflow.hardware.skus import sku as sku_of
+    from gpuflow.tasks.training.binding import torch_device_for
 
     backend = cluster.get_backend()
     sku = sku_of(device.sku) if device.sku else None
@@ -84,7 +84,7 @@ def run_training(
     extra_hooks: tuple[Callable[[StepInfo], None], ...] = (),
 ) -> TrainResult:
     """The loop on the leased device, with MLflow metrics, lease renewal and control."""
-    from tasks.tracking import StepMetricsLogger
+    from gpuflow.tasks.tracking import StepMetricsLogger
 
     backend = cluster.get_backend()
     inventory = cluster.get_inventory()

@@ -23,18 +23,18 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from hardware.skus import SkuSpec
-from tasks.training.checkpoint import (
+from gpuflow.hardware.skus import SkuSpec
+from gpuflow.tasks.training.checkpoint import (
     CheckpointManager,
     capture_rng_state,
     model_fingerprint,
     restore_rng_state,
 )
-from tasks.training.data import build_dataset, eval_batches, make_sampler
-from tasks.training.models import build_model, lm_loss, model_spec
-from tasks.training.precision import AutoPrecision, Switch, validate_policy
-from tasks.training.spec import TrainSpec
-from tasks.training.storage import CheckpointStore
+from gpuflow.tasks.training.data import build_dataset, eval_batches, make_sampler
+from gpuflow.tasks.training.models import build_model, lm_loss, model_spec
+from gpuflow.tasks.training.precision import AutoPrecision, Switch, validate_policy
+from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.storage import CheckpointStore
 
 log = logging.getLogger(__name__)
 

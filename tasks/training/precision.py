@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from hardware.skus import SkuSpec
+from gpuflow.hardware.skus import SkuSpec
 
 logger = logging.getLogger(__name__)
 

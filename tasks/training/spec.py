@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tasks.training.models import MODELS, model_spec
+from gpuflow.tasks.training.models import MODELS, model_spec
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

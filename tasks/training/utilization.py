@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from hardware.backend import Backend
+from gpuflow.hardware.backend import Backend
 
 
 class BusyShare:

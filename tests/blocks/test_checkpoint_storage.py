@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from blocks.checkpoint_storage import CheckpointStorage
-from tasks.training.storage import LocalStorage, S3Storage
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.tasks.training.storage import LocalStorage, S3Storage
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 

@@ -22,19 +22,19 @@ import mlflow
 import pytest
 import torch
 
-from blocks.checkpoint_storage import CheckpointStorage
-from flows.remediate import crash_handler, remediate
-from hardware.inventory import Inventory
-from hardware.sim import SimBackend
-from tasks.health.baselines import RuleModel
-from tasks.health.events import emit_health_risk, health_risk_payload, resource_id_for
-from tasks.health.features import WINDOW_BUCKETS
-from tasks.health.monitor import run_monitor
-from tasks.remediation import ledger as L
-from tasks.remediation.launch import RUNNER
-from tasks.tracking import tracking_uri, use_experiment
-from tasks.training.loop import train_loop
-from tasks.training.storage import LocalStorage
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.flows.remediate import crash_handler, remediate
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.health.baselines import RuleModel
+from gpuflow.tasks.health.events import emit_health_risk, health_risk_payload, resource_id_for
+from gpuflow.tasks.health.features import WINDOW_BUCKETS
+from gpuflow.tasks.health.monitor import run_monitor
+from gpuflow.tasks.remediation import ledger as L
+from gpuflow.tasks.remediation.launch import RUNNER
+from gpuflow.tasks.tracking import tracking_uri, use_experiment
+from gpuflow.tasks.training.loop import train_loop
+from gpuflow.tasks.training.storage import LocalStorage
 from tests.tasks.remediation.helpers import A100, WebhookReceiver, fill, make_cluster, small_spec
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import boto3
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from tasks.training.checkpoint import CheckpointManager
-from tasks.training.storage import LocalStorage
+from gpuflow.tasks.training.checkpoint import CheckpointManager
+from gpuflow.tasks.training.storage import LocalStorage
 
 pytestmark = pytest.mark.integration
 

@@ -19,11 +19,11 @@ from prefect import task
 from prefect.cache_policies import NONE
 from typer.testing import CliRunner
 
-import flows.edge_deploy as flow_mod
-from blocks.edge_fleet import EdgeFleet
-from flows.edge_deploy import edge_deploy
+import gpuflow.flows.edge_deploy as flow_mod
+from gpuflow.blocks.edge_fleet import EdgeFleet
+from gpuflow.flows.edge_deploy import edge_deploy
 from gpuflow.cli_edge import app as edge_app
-from tasks.edge.deploy import (
+from gpuflow.tasks.edge.deploy import (
     SERVER_MODULE,
     Deployment,
     EdgeDeployError,
@@ -31,12 +31,12 @@ from tasks.edge.deploy import (
     deployment_status,
     teardown,
 )
-from tasks.edge.export import ExportedModel
-from tasks.edge.manifest import file_sha256, load_manifest, save_manifest
-from tasks.edge.nodes import NodeUnreachableError
-from tasks.edge.package import package_plan
-from tasks.edge.verify import chain_infer, reference_outputs
-from tasks.tracking import tracking_uri
+from gpuflow.tasks.edge.export import ExportedModel
+from gpuflow.tasks.edge.manifest import file_sha256, load_manifest, save_manifest
+from gpuflow.tasks.edge.nodes import NodeUnreachableError
+from gpuflow.tasks.edge.package import package_plan
+from gpuflow.tasks.edge.verify import chain_infer, reference_outputs
+from gpuflow.tasks.tracking import tracking_uri
 
 pytestmark = pytest.mark.integration
 

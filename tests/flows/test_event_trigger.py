@@ -19,9 +19,9 @@ from prefect.events import DeploymentEventTrigger
 from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL
 
-from flows.remediate import TRIGGER_SPEC
-from hardware.inventory import Inventory
-from tasks.health.events import EVENT_NAME, emit_health_risk
+from gpuflow.flows.remediate import TRIGGER_SPEC
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.tasks.health.events import EVENT_NAME, emit_health_risk
 from tests.tasks.remediation.helpers import A100, WebhookReceiver, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration

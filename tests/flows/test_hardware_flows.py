@@ -11,14 +11,14 @@ import pytest
 from prefect.artifacts import Artifact
 from prefect.settings import PREFECT_API_URL
 
-import tasks.partition as partition_tasks
-from blocks import CheckpointStorage, GpuCluster
-from flows.inventory import inventory
-from flows.partition import partition
+import gpuflow.tasks.partition as partition_tasks
+from gpuflow.blocks import CheckpointStorage, GpuCluster
+from gpuflow.flows.inventory import inventory
+from gpuflow.flows.partition import partition
 from gpuflow.demo import tour_plan_path
-from hardware.inventory import Inventory
-from hardware.partition_plan import export_layout
-from hardware.sim import SimBackend
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.hardware.partition_plan import export_layout
+from gpuflow.hardware.sim import SimBackend
 
 pytestmark = pytest.mark.integration
 PLAN = str(tour_plan_path())
@@ -73,7 +73,7 @@ def test_inventory_flow_records_devices_and_telemetry() -> None:
 def test_blocks_register_and_round_trip(tmp_path: Path) -> None:
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     prefect = Path(sys.executable).with_name("prefect")
-    done = subprocess.run([str(prefect), "block", "register", "-m", "blocks"],
+    done = subprocess.run([str(prefect), "block", "register", "-m", "gpuflow.blocks"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gpuflow GPU Cluster" in done.stdout and "gpuflow Checkpoint Storage" in done.stdout

@@ -8,14 +8,14 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from flows.health_train import health_train
-from flows.monitor import monitor
+from gpuflow.flows.health_train import health_train
+from gpuflow.flows.monitor import monitor
 from gpuflow.cli_health import app
-from hardware.sim import SimBackend
-from tasks.health.baselines import GbtConfig
-from tasks.health.events import EVENT_NAME, resource_id_for
-from tasks.health.history import HistoryConfig
-from tasks.health.model import TrainConfig
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.health.baselines import GbtConfig
+from gpuflow.tasks.health.events import EVENT_NAME, resource_id_for
+from gpuflow.tasks.health.history import HistoryConfig
+from gpuflow.tasks.health.model import TrainConfig
 
 TINY_HISTORY = HistoryConfig.small(
     nodes=40, days=60.0, background_segments=(80, 40, 80),

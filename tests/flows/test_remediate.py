@@ -11,16 +11,16 @@ import torch
 from prefect import task
 from typer.testing import CliRunner
 
-import flows.remediate as remediate_module
-from blocks.checkpoint_storage import CheckpointStorage
-from flows.remediate import crash_handler, remediate
+import gpuflow.flows.remediate as remediate_module
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.flows.remediate import crash_handler, remediate
 from gpuflow import cli_remediate
-from hardware.backend import InvalidRequestError
-from hardware.inventory import Inventory
-from hardware.sim import SimBackend
-from tasks.remediation import ledger as L
-from tasks.remediation.launch import RUNNER
-from tasks.training.binding import DeviceRequest
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.remediation import ledger as L
+from gpuflow.tasks.remediation.launch import RUNNER
+from gpuflow.tasks.training.binding import DeviceRequest
 from tests.tasks.remediation.helpers import (
     WebhookReceiver,
     make_cluster,
@@ -217,9 +217,9 @@ def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path
     falls off the bus, the flow fails, the hook queues the job with its last checkpoint
     and remediates the device. The relaunch goes through the `train` deployment, which
     this test server lacks, so the job waits: nothing lost, operators told."""
-    from flows.remediate import remediate_on_train_failure
-    from flows.train import train
-    from tasks.training import job as job_module
+    from gpuflow.flows.remediate import remediate_on_train_failure
+    from gpuflow.flows.train import train
+    from gpuflow.tasks.training import job as job_module
 
     monkeypatch.setattr(job_module.train_loop_task, "retries", 0)
     monkeypatch.setenv("GPUFLOW_NOTIFY_BLOCK", "custom-webhook/gpuflow-ops-hook")
@@ -267,7 +267,7 @@ def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path
 
 
 def test_tour_predicted_fault(gpuflow_home) -> None:
-    from tasks.remediation.demo import predicted_fault_tour
+    from gpuflow.tasks.remediation.demo import predicted_fault_tour
 
     out = predicted_fault_tour(report=lambda msg: None, steps=60)
     assert out["remediation"] == "done" and out["job finished"] and out["cordoned"]

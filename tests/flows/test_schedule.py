@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from blocks.checkpoint_storage import CheckpointStorage
-from blocks.gpu_cluster import GpuCluster
-from flows.schedule import schedule
-from hardware.inventory import Inventory
-from tasks.scheduling.model import JobRequest
-from tasks.scheduling.runner import run_scheduled_job
-from tasks.scheduling.service import SchedulerService, checkpoint_step
-from tasks.training import job as training_job
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.flows.schedule import schedule
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.tasks.scheduling.model import JobRequest
+from gpuflow.tasks.scheduling.runner import run_scheduled_job
+from gpuflow.tasks.scheduling.service import SchedulerService, checkpoint_step
+from gpuflow.tasks.training import job as training_job
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +114,7 @@ def test_drain_places_and_reports_without_launching() -> None:
     from typer.testing import CliRunner
 
     from gpuflow.cli_schedule import app
-    from tasks.scheduling.launch import resolve_launch
+    from gpuflow.tasks.scheduling.launch import resolve_launch
 
     assert resolve_launch("auto", "train/train") == "in-process"  # no train deployment here
     runner = CliRunner()

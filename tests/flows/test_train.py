@@ -6,16 +6,16 @@ import mlflow
 import pytest
 from pydantic import SecretStr
 
-from blocks.checkpoint_storage import CheckpointStorage
-from flows.compare_precision import compare_precision
-from flows.train import train
-from hardware.inventory import Inventory
-from tasks.tracking import tracking_uri
-from tasks.training import job
-from tasks.training.binding import DeviceRequest
-from tasks.training.checkpoint import CheckpointManager, ModelMismatchError
-from tasks.training.precision import PrecisionError
-from tasks.training.spec import TrainSpec
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.flows.compare_precision import compare_precision
+from gpuflow.flows.train import train
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.tasks.tracking import tracking_uri
+from gpuflow.tasks.training import job
+from gpuflow.tasks.training.binding import DeviceRequest
+from gpuflow.tasks.training.checkpoint import CheckpointManager, ModelMismatchError
+from gpuflow.tasks.training.precision import PrecisionError
+from gpuflow.tasks.training.spec import TrainSpec
 
 pytestmark = pytest.mark.integration
 

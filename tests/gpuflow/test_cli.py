@@ -56,7 +56,7 @@ def test_partition_apply_assert_export_round_trip(tmp_path: Path) -> None:
     a100_0 = next(e for e in entries if e.get("nodes") == ["a100-0"] and e["devices"] == [0])
     assert a100_0["mig-devices"] == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
     # The inventory saw the new partitions (schedulers read it).
-    from hardware.inventory import Inventory
+    from gpuflow.hardware.inventory import Inventory
 
     assert len(Inventory().partitions(node="dcu-0")) == 4
 

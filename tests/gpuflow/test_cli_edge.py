@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpuflow.cli_edge import app
-from tasks.edge.manifest import verify_shard
+from gpuflow.tasks.edge.manifest import verify_shard
 
 
 def test_plan_prints_both_splits_and_packages(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from hardware.inventory import Inventory
+    from gpuflow.hardware.inventory import Inventory
 
     api = box["client_env"]["PREFECT_API_URL"]
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:

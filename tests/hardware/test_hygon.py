@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from hardware import hygon_parse as hp
-from hardware.backend import (
+from gpuflow.hardware import hygon_parse as hp
+from gpuflow.hardware.backend import (
     HardwareError,
     InvalidRequestError,
     PartitionRequest,
     UnsupportedError,
 )
-from hardware.hygon import HygonBackend, sku_name_for
-from hardware.placement import LayoutError
+from gpuflow.hardware.hygon import HygonBackend, sku_name_for
+from gpuflow.hardware.placement import LayoutError
 
 FAKE = Path(__file__).with_name("fake_hy_smi.py")
 NODE = "dcu-node-1"

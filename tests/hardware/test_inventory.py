@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,
     DeviceLostError,
@@ -30,14 +30,14 @@ from hardware.backend import (
     TelemetrySample,
     UnsupportedError,
 )
-from hardware.inventory import (
+from gpuflow.hardware.inventory import (
     ControlTimeoutError,
     Inventory,
     LeaseConflictError,
     LeaseNotHeldError,
     ResourceUnavailableError,
 )
-from hardware.inventory import schema as inv_schema
+from gpuflow.hardware.inventory import schema as inv_schema
 
 A100 = "NVIDIA A100-SXM4-40GB"
 V100 = "Tesla V100-SXM2-32GB"
@@ -761,7 +761,7 @@ def test_jobs_registry(inv: Inventory, clock: Clock) -> None:
 
 # -- against the digital twin, when it is there ----------------------------------------
 def test_sync_the_twin_fleet_partitions_and_leases(inv: Inventory) -> None:
-    sim = pytest.importorskip("hardware.sim")
+    sim = pytest.importorskip("gpuflow.hardware.sim")
     twin = sim.SimBackend()
     report = inv.sync(twin)
     assert len(report.devices_added) == len(twin.devices()) and not report.errors

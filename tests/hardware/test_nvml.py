@@ -8,16 +8,16 @@ import inspect
 import pynvml
 import pytest
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     DeviceLostError,
     HardwareError,
     InvalidRequestError,
     PartitionRequest,
     UnsupportedError,
 )
-from hardware.nvml import NvmlBackend, decode_clock_event_reasons, mig_profile_name
-from hardware.placement import LayoutError
-from hardware.skus import sku
+from gpuflow.hardware.nvml import NvmlBackend, decode_clock_event_reasons, mig_profile_name
+from gpuflow.hardware.placement import LayoutError
+from gpuflow.hardware.skus import sku
 
 try:  # tests/ importable as a package (repo root on sys.path)
     from tests.hardware import fake_pynvml

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     Backend,
     HardwareError,
     Partition,
     PartitionRequest,
 )
-from hardware.partition_plan import (
+from gpuflow.hardware.partition_plan import (
     DeviceLayout,
     PartitionPlan,
     PlanApplyError,
@@ -30,8 +30,8 @@ from hardware.partition_plan import (
     normalize_profile,
     plan_layouts,
 )
-from hardware.placement import LayoutError
-from hardware.skus import SKU_ALIASES, sku
+from gpuflow.hardware.placement import LayoutError
+from gpuflow.hardware.skus import SKU_ALIASES, sku
 
 PLANS = Path(__file__).parent / "plans"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "partition-plans"
@@ -43,7 +43,7 @@ A100_NODES = ["a100-0", "a100-1", "a100-spare-0"]
 
 def make_backend(tmp_path: Path, nodes: dict[str, list[str]] | None = None) -> Backend:
     """The digital twin: the default fleet, or one node per entry of ``nodes``."""
-    from hardware.sim import SimBackend
+    from gpuflow.hardware.sim import SimBackend
 
     if nodes is None:
         return SimBackend(home=tmp_path)

@@ -1,13 +1,13 @@
 """Serve model shards over the Open Inference Protocol (KServe v2) gRPC API and run chains.
 
-- ``server``: one shard per server (``python -m tasks.edge.serving.server``), optionally
+- ``server``: one shard per server (``python -m gpuflow.tasks.edge.serving.server``), optionally
   forwarding to the next shard; ``start_shard_server``/``serve_shard`` in-process.
 - ``process``: the same as a child process, with readiness and graceful stop.
 - ``client``: ``OipClient`` for any OIP server.
 - ``chain``: run a chain by a driver or by forwarding, and pipelined for throughput.
 - ``proto``: the protocol's .proto and its generated stubs (scripts/gen_oip_protos.sh).
 
-Names are imported lazily: ``python -m tasks.edge.serving.server`` must not find the server
+Names are imported lazily: ``python -m gpuflow.tasks.edge.serving.server`` must not find the server
 module already imported by its package (runpy warns and may run it twice).
 """
 

@@ -26,8 +26,8 @@ from types import TracebackType
 
 import numpy as np
 
-from tasks.edge.serving.client import OipClient
-from tasks.edge.serving.handoff import map_outputs_to_inputs
+from gpuflow.tasks.edge.serving.client import OipClient
+from gpuflow.tasks.edge.serving.handoff import map_outputs_to_inputs
 
 Tensors = dict[str, np.ndarray]
 

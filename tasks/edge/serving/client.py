@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from tasks.edge.manifest import parse_hop
-from tasks.edge.serving.codec import build_infer_request, decode_response
-from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from gpuflow.tasks.edge.manifest import parse_hop
+from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 # Activation tensors exceed gRPC's 4 MiB default receive limit (a ResNet stage boundary at
 # batch 8 is ~25 MB); servers and clients both raise it to this.

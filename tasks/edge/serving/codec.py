@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.edge.manifest import KSERVE_TO_NUMPY, kserve_dtype
-from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY, kserve_dtype
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
 
 # Which typed-contents field carries each datatype (the protocol's table); FP16 has none.
 _TYPED_FIELD: dict[str, str] = {

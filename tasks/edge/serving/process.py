@@ -1,6 +1,6 @@
 """Run a shard server as a separate process and know when it is up.
 
-``start_shard_process`` launches ``python -m tasks.edge.serving.server``, waits for its
+``start_shard_process`` launches ``python -m gpuflow.tasks.edge.serving.server``, waits for its
 READY line (which carries the bound address, so ``port=0`` works) and returns a handle
 whose ``stop()`` sends SIGTERM (graceful) and kills only if the grace period runs out. A
 server that exits before it is ready (a sha256 mismatch, a port in use) raises
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from tasks.edge.serving.server import READY_PREFIX
+from gpuflow.tasks.edge.serving.server import READY_PREFIX
 
 # The repository root, so the child finds the ``tasks`` package even when it is not installed.
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -96,7 +96,7 @@ def server_argv(
     python: str = sys.executable,
 ) -> list[str]:
     """The argv that starts a shard server (forward_to as in start_shard_server)."""
-    argv = [python, "-m", "tasks.edge.serving.server", "--shard-dir", str(shard_dir)]
+    argv = [python, "-m", "gpuflow.tasks.edge.serving.server", "--shard-dir", str(shard_dir)]
     argv += ["--host", host, "--port", str(port)]
     if forward_to == "":
         argv.append("--no-forward")

@@ -1,6 +1,6 @@
 """Serve one model shard over the Open Inference Protocol (KServe v2) gRPC API.
 
-    python -m tasks.edge.serving.server --shard-dir DIR --host 127.0.0.1 --port 8001 \
+    python -m gpuflow.tasks.edge.serving.server --shard-dir DIR --host 127.0.0.1 --port 8001 \
         [--forward-to HOST:PORT --forward-model NEXT_MODEL | --no-forward]
 
 At start the shard's sha256 is checked against its manifest (a mismatch refuses to start:
@@ -54,7 +54,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
-from tasks.edge.manifest import (
+from gpuflow.tasks.edge.manifest import (
     ManifestError,
     ShardIntegrityError,
     ShardManifest,
@@ -62,16 +62,16 @@ from tasks.edge.manifest import (
     parse_hop,
     verify_shard,
 )
-from tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, OipClient, OipError, channel_options
-from tasks.edge.serving.codec import (
+from gpuflow.tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, OipClient, OipError, channel_options
+from gpuflow.tasks.edge.serving.codec import (
     TensorCodecError,
     add_output,
     build_infer_request,
     decode_tensors,
 )
-from tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
-from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -539,7 +539,7 @@ def ready_line(running: ShardServer) -> str:
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.edge.serving.server",
+        prog="python -m gpuflow.tasks.edge.serving.server",
         description="Serve one ONNX shard over the Open Inference Protocol (KServe v2) gRPC API.",
     )
     parser.add_argument("--shard-dir", required=True, type=Path, help="folder with manifest.json")

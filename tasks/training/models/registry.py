@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from tasks.training.models.llama import Llama, LlamaConfig
-from tasks.training.models.resnet import RESNET_LAYOUTS, resnet
+from gpuflow.tasks.training.models.llama import Llama, LlamaConfig
+from gpuflow.tasks.training.models.resnet import RESNET_LAYOUTS, resnet
 
 Task = Literal["lm", "image"]
 Family = Literal["llama", "resnet"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hardware.sim import SimBackend
+from gpuflow.hardware.sim import SimBackend
 
 # The default fleet with natural faults off, so a test sees only what it injects.
 QUIET_FLEET = {

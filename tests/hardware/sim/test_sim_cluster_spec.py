@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hardware.backend import InvalidRequestError
-from hardware.sim import ClusterSpec, load_cluster_spec
-from hardware.sim.cluster_spec import ClusterSpecError
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.sim import ClusterSpec, load_cluster_spec
+from gpuflow.hardware.sim.cluster_spec import ClusterSpecError
 
 GOOD = {
     "name": "t",

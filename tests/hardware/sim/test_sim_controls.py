@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from hardware.backend import InvalidRequestError
-from hardware.sim import SimBackend
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.sim import SimBackend
 
 
 def test_clock_and_power_ranges_are_validated(quiet: SimBackend) -> None:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from hardware.backend import DeviceLostError, HardwareError, InvalidRequestError
-from hardware.sim import FAULT_KINDS, SimBackend
-from hardware.sim import hazard as H
-from hardware.skus import sku
+from gpuflow.hardware.backend import DeviceLostError, HardwareError, InvalidRequestError
+from gpuflow.hardware.sim import FAULT_KINDS, SimBackend
+from gpuflow.hardware.sim import hazard as H
+from gpuflow.hardware.skus import sku
 
 HOUR = 3600.0
 DAY = 86_400.0

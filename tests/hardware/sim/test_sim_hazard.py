@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from hardware.sim import hazard as H
+from gpuflow.hardware.sim import hazard as H
 
 DAY = H.DAY_S
 

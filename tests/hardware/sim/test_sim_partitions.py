@@ -7,16 +7,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.backend import (
+from gpuflow.hardware.backend import (
     DeviceLostError,
     HardwareError,
     InvalidRequestError,
     PartitionRequest,
     UnsupportedError,
 )
-from hardware.placement import LayoutError
-from hardware.sim import SimBackend
-from hardware.skus import sku
+from gpuflow.hardware.placement import LayoutError
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.hardware.skus import sku
 
 
 def test_v100_refuses_mig(quiet: SimBackend) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hardware.backend import DeviceLostError, HardwareError, PartitionRequest
-from hardware.select import get_backend
-from hardware.sim import SimBackend
+from gpuflow.hardware.backend import DeviceLostError, HardwareError, PartitionRequest
+from gpuflow.hardware.select import get_backend
+from gpuflow.hardware.sim import SimBackend
 
 REPO = Path(__file__).resolve().parents[3]
 

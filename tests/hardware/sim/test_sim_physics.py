@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.backend import HardwareError
-from hardware.sim import SimBackend
-from hardware.sim import physics as P
-from hardware.skus import SKUS, sku
+from gpuflow.hardware.backend import HardwareError
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.hardware.sim import physics as P
+from gpuflow.hardware.skus import SKUS, sku
 
 
 @pytest.mark.parametrize("name", sorted(SKUS))

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from hardware.backend import HardwareError, InvalidRequestError, PartitionRequest
-from hardware.sim import SimBackend
+from gpuflow.hardware.backend import HardwareError, InvalidRequestError, PartitionRequest
+from gpuflow.hardware.sim import SimBackend
 
 
 def test_unpartitioned_device_fails_every_tenant_like_mps(quiet: SimBackend) -> None:

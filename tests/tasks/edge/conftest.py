@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.edge.deploy import SERVER_MODULE
+from gpuflow.tasks.edge.deploy import SERVER_MODULE
 
 
 def running_servers(marker: str) -> list[int]:
@@ -43,14 +43,14 @@ def no_leftover_servers(gpuflow_home: Path) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def exported_digits(tmp_path_factory: pytest.TempPathFactory):
     """resnet18-digits (ResNet-18 layout, width 32, 1x8x8 input) exported once."""
-    from tasks.edge.export import export_model
+    from gpuflow.tasks.edge.export import export_model
 
     return export_model("resnet18-digits", tmp_path_factory.mktemp("export"), seed=0)
 
 
 @pytest.fixture(scope="session")
 def digits_profile(exported_digits):
-    from tasks.edge.profile import profile_nodes
+    from gpuflow.tasks.edge.profile import profile_nodes
 
     return profile_nodes(
         exported_digits.onnx_path, exported_digits.sample_inputs(), runs=5, warmup=2

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tasks.edge.cuts import CutError, find_cuts, live_tensor_counts
+from gpuflow.tasks.edge.cuts import CutError, find_cuts, live_tensor_counts
 
 
 def _model(nodes, extra_outputs=(), initializers=()) -> onnx.ModelProto:

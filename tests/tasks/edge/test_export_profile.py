@@ -10,9 +10,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tasks.edge.cuts import find_cuts
-from tasks.edge.export import EXPORT_INFO_FILE, export_model, torch_reference
-from tasks.edge.profile import _summarise, profile_nodes, segment_costs_ms
+from gpuflow.tasks.edge.cuts import find_cuts
+from gpuflow.tasks.edge.export import EXPORT_INFO_FILE, export_model, torch_reference
+from gpuflow.tasks.edge.profile import _summarise, profile_nodes, segment_costs_ms
 
 
 def test_resnet_export_matches_torch(exported_digits) -> None:
@@ -81,8 +81,8 @@ def test_profile_rejects_bad_counts(exported_digits) -> None:
 def test_cached_export_reuses_an_earlier_export(tmp_path, exported_digits, monkeypatch) -> None:
     import shutil
 
-    from tasks.edge import export as export_mod
-    from tasks.edge.export import ExportedModel, cached_export
+    from gpuflow.tasks.edge import export as export_mod
+    from gpuflow.tasks.edge.export import ExportedModel, cached_export
 
     calls = []
 

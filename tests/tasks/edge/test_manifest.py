@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.edge.manifest import (
+from gpuflow.tasks.edge.manifest import (
     ManifestError,
     ShardIntegrityError,
     ShardManifest,

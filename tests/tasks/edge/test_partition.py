@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tasks.edge.partition import (
+from gpuflow.tasks.edge.partition import (
     ChainCosts,
     NodeCapacity,
     PartitionError,

@@ -15,9 +15,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tasks.edge import deploy as deploy_mod
-from tasks.edge.cuts import CutError
-from tasks.edge.deploy import (
+from gpuflow.tasks.edge import deploy as deploy_mod
+from gpuflow.tasks.edge.cuts import CutError
+from gpuflow.tasks.edge.deploy import (
     Deployment,
     EdgeDeployError,
     deployment_status,
@@ -26,13 +26,13 @@ from tasks.edge.deploy import (
     stop_deployment,
     teardown,
 )
-from tasks.edge.export import ExportedModel, torch_reference
-from tasks.edge.manifest import ShardIntegrityError, load_manifest, verify_shard
-from tasks.edge.nodes import EdgeNode, NodeUnreachableError, default_nodes
-from tasks.edge.package import package_plan
-from tasks.edge.partition import PartitionError
-from tasks.edge.planning import plan_shards
-from tasks.edge.verify import check_chain, measure_chain
+from gpuflow.tasks.edge.export import ExportedModel, torch_reference
+from gpuflow.tasks.edge.manifest import ShardIntegrityError, load_manifest, verify_shard
+from gpuflow.tasks.edge.nodes import EdgeNode, NodeUnreachableError, default_nodes
+from gpuflow.tasks.edge.package import package_plan
+from gpuflow.tasks.edge.partition import PartitionError
+from gpuflow.tasks.edge.planning import plan_shards
+from gpuflow.tasks.edge.verify import check_chain, measure_chain
 
 from .conftest import running_servers
 

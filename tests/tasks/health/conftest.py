@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.health.baselines import GbtConfig
-from tasks.health.history import History, HistoryConfig, generate_history
-from tasks.health.model import TrainConfig
+from gpuflow.tasks.health.baselines import GbtConfig
+from gpuflow.tasks.health.history import History, HistoryConfig, generate_history
+from gpuflow.tasks.health.model import TrainConfig
 
 TINY_HISTORY = HistoryConfig.small(
     nodes=40, days=60.0, background_segments=(80, 40, 80),
@@ -24,7 +24,7 @@ def tiny_history() -> History:
 
 @pytest.fixture(scope="session")
 def tiny_outcome(tiny_history: History):
-    from tasks.health.pipeline import train_and_evaluate
+    from gpuflow.tasks.health.pipeline import train_and_evaluate
 
     return train_and_evaluate(TINY_HISTORY, TINY_TRAIN, TINY_GBT, history=tiny_history)
 

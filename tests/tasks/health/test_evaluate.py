@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.health.evaluate import episodes, evaluate_scores, random_threshold_for
-from tasks.health.history import SplitData
+from gpuflow.tasks.health.evaluate import episodes, evaluate_scores, random_threshold_for
+from gpuflow.tasks.health.history import SplitData
 
 B = 300.0
 W = 2

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from tasks.health import events
-from tasks.health.events import (
+from gpuflow.tasks.health import events
+from gpuflow.tasks.health.events import (
     EVENT_NAME,
     DeviceRisk,
     emit_health_risk,

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.backend import TelemetrySample
-from hardware.health import CRITICAL_XIDS
-from tasks.health.features import (
+from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.hardware.health import CRITICAL_XIDS
+from gpuflow.tasks.health.features import (
     BUCKET_S,
     FEATURE_INDEX,
     FEATURES,

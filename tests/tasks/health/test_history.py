@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.sim import SimBackend
-from hardware.sim import faults as F
-from hardware.sim.hazard import DAY_S, device_schedule
-from tasks.health.features import BUCKET_S, FEATURE_INDEX
-from tasks.health.history import (
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.hardware.sim import faults as F
+from gpuflow.hardware.sim.hazard import DAY_S, device_schedule
+from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INDEX
+from gpuflow.tasks.health.history import (
     U_STEP,
     Device,
     History,

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.health.baselines import RuleModel, random_scores, rule_scores
-from tasks.health.features import FEATURE_INDEX, N_FEATURES, WINDOW_BUCKETS
-from tasks.health.history import History
-from tasks.health.model import (
+from gpuflow.tasks.health.baselines import RuleModel, random_scores, rule_scores
+from gpuflow.tasks.health.features import FEATURE_INDEX, N_FEATURES, WINDOW_BUCKETS
+from gpuflow.tasks.health.history import History
+from gpuflow.tasks.health.model import (
     HealthLSTM,
     TrainConfig,
     fit_calibration,

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from hardware.sim import SimBackend
-from tasks.health.baselines import RuleModel
-from tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
-from tasks.health.features import WINDOW_BUCKETS
-from tasks.health.monitor import (
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.health.baselines import RuleModel
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
+from gpuflow.tasks.health.features import WINDOW_BUCKETS
+from gpuflow.tasks.health.monitor import (
     IncidentBook,
     apply_round,
     monitor_dir,

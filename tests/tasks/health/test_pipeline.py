@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL, load_champion
-from tasks.health.monitor import RULES_URI, load_health_model
-from tasks.health.pipeline import log_outcome, score_split
-from tasks.tracking import tracking_uri
+from gpuflow.tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL, load_champion
+from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
+from gpuflow.tasks.health.pipeline import log_outcome, score_split
+from gpuflow.tasks.tracking import tracking_uri
 
 
 def test_outcome_compares_every_model(tiny_outcome) -> None:

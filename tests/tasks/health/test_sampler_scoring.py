@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from hardware.backend import DeviceLostError, TelemetrySample
-from hardware.sim import SimBackend
-from tasks.health.baselines import RuleModel
-from tasks.health.events import DEVICE_LOST_REASON
-from tasks.health.features import WINDOW_BUCKETS
-from tasks.health.sampler import MIN_INTERVAL_S, TelemetrySampler, validate_interval_s
-from tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, score_fleet
+from gpuflow.hardware.backend import DeviceLostError, TelemetrySample
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.health.baselines import RuleModel
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON
+from gpuflow.tasks.health.features import WINDOW_BUCKETS
+from gpuflow.tasks.health.sampler import MIN_INTERVAL_S, TelemetrySampler, validate_interval_s
+from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, score_fleet
 
 
 @pytest.mark.parametrize("bad", [4.99, 0, -5, True, "5", float("inf"), float("nan")])
@@ -47,7 +47,7 @@ class FlakyTwin(SimBackend):
         if (node, index) == ("v100-0", 0):
             raise DeviceLostError("v100-0:0 fell off the bus")
         if (node, index) == ("v100-0", 1):
-            from hardware.backend import HardwareError
+            from gpuflow.hardware.backend import HardwareError
 
             raise HardwareError("NVML_ERROR_TIMEOUT")
         return super().telemetry(node, index)
@@ -76,7 +76,7 @@ def test_score_fleet_with_rules_on_the_twin() -> None:
 
 
 def test_scorer_refuses_mismatched_state() -> None:
-    from tasks.health.features import FleetWindows
+    from gpuflow.tasks.health.features import FleetWindows
 
     with pytest.raises(ValueError, match="window"):
         FleetScorer(RuleModel(WINDOW_BUCKETS), FleetWindows(window=6))

@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
-from blocks.gpu_cluster import GpuCluster
-from hardware.inventory import Inventory
-from hardware.sim import SimBackend
-from tasks.training.spec import TrainSpec
+from gpuflow.blocks.gpu_cluster import GpuCluster
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.training.spec import TrainSpec
 
 # Natural faults off: a test sees only what it injects. Two active A100 nodes, one spare
 # A100 node, and a lone V100 (a SKU with no second device anywhere).

@@ -7,7 +7,7 @@ import sys
 
 from prefect import serve
 
-from flows.remediate import remediate_deployment
+from gpuflow.flows.remediate import remediate_deployment
 
 if __name__ == "__main__":
     name, notify_block = sys.argv[1], sys.argv[2]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gpuflow.bench import downtime_bench
-from hardware.sim.hazard import DAY_S, HazardModel
-from tasks.remediation.downtime_sim import (
+from gpuflow.hardware.sim.hazard import DAY_S, HazardModel
+from gpuflow.tasks.remediation.downtime_sim import (
     REACTIVE,
     FleetConfig,
     Outcome,
@@ -27,7 +27,7 @@ from tasks.remediation.downtime_sim import (
     simulate_seed,
     summarize,
 )
-from tasks.tracking import tracking_uri, use_experiment
+from gpuflow.tasks.tracking import tracking_uri, use_experiment
 
 HOUR = 3600.0
 

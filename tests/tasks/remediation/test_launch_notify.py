@@ -8,19 +8,19 @@ import threading
 import pytest
 from pydantic import SecretStr
 
-from blocks.checkpoint_storage import CheckpointStorage
-from hardware.backend import DeviceLostError, InvalidRequestError
-from hardware.inventory import Inventory, LeaseNotHeldError
-from hardware.sim import SimBackend
-from tasks.remediation import ledger as L
-from tasks.remediation.launch import (
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
+from gpuflow.hardware.inventory import Inventory, LeaseNotHeldError
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.remediation import ledger as L
+from gpuflow.tasks.remediation.launch import (
     InProcessRunner,
     crash_is_hardware,
     storage_fields,
     storage_from_record,
     storage_record,
 )
-from tasks.remediation.notify import resolve_notifier, send, summary, timeline_markdown
+from gpuflow.tasks.remediation.notify import resolve_notifier, send, summary, timeline_markdown
 from tests.tasks.remediation.helpers import WebhookReceiver, make_cluster, small_spec
 
 

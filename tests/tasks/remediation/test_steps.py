@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from blocks.checkpoint_storage import CheckpointStorage
-from hardware.inventory import Inventory
-from tasks.remediation.devices import JobOnDevice, jobs_on_device
-from tasks.remediation.launch import InProcessRunner
-from tasks.remediation.steps import (
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.tasks.remediation.devices import JobOnDevice, jobs_on_device
+from gpuflow.tasks.remediation.launch import InProcessRunner
+from gpuflow.tasks.remediation.steps import (
     CHECKPOINT_NOW,
     CheckpointOutcome,
     RemediationPolicy,

@@ -33,7 +33,7 @@ nodes:
 @pytest.fixture
 def cluster(tmp_path: Path):
     """A GpuCluster on a small twin (no natural faults), with its inventory synced."""
-    from blocks.gpu_cluster import GpuCluster
+    from gpuflow.blocks.gpu_cluster import GpuCluster
 
     spec = tmp_path / "cluster.yaml"
     spec.write_text(CLUSTER_YAML)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hardware.skus import SKUS
-from tasks.scheduling.engine import Engine
-from tasks.scheduling.model import SchedulerConfig
+from gpuflow.hardware.skus import SKUS
+from gpuflow.tasks.scheduling.engine import Engine
+from gpuflow.tasks.scheduling.model import SchedulerConfig
 
 A100 = "NVIDIA A100-SXM4-40GB"
 A100_80 = "NVIDIA A100-SXM4-80GB"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hardware.backend import InvalidRequestError
-from hardware.inventory import Resource
-from tasks.scheduling.env import gpu_product, kubernetes_job_variables, run_environment
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import Resource
+from gpuflow.tasks.scheduling.env import gpu_product, kubernetes_job_variables, run_environment
 
 
 def _res(

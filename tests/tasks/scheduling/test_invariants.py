@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tasks.scheduling.model import (
+from gpuflow.tasks.scheduling.model import (
     DONE_STATES,
     LIVE_STATES,
     JobRequest,

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from hardware.inventory import Inventory
-from tasks.scheduling.model import (
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.tasks.scheduling.model import (
     JobRequest,
     NoCapacityError,
     QueueFullError,
     SchedulerConfig,
     SubmissionRefused,
 )
-from tasks.scheduling.service import SPEC_KIND, SchedulerService
-from tasks.training.binding import DeviceRequest
+from gpuflow.tasks.scheduling.service import SPEC_KIND, SchedulerService
+from gpuflow.tasks.training.binding import DeviceRequest
 
 
 class Clock:
@@ -195,7 +195,7 @@ def test_leases_made_outside_the_scheduler_are_respected(cluster) -> None:
 
 
 def test_placement_for_train_binds_through_the_scheduler(cluster) -> None:
-    from tasks.scheduling.train_placement import placement_for_train
+    from gpuflow.tasks.scheduling.train_placement import placement_for_train
 
     b1 = placement_for_train(cluster, DeviceRequest(sku="v100"), "t1")
     assert b1.resource.sku == "Tesla V100-SXM2-32GB" and b1.lease.owner == "t1"

@@ -17,7 +17,7 @@ def s3_bucket(s3_server: str):
     """A fresh bucket; yields an S3Storage on it with S3's smallest multipart sizes (5 MiB)."""
     import boto3
 
-    from tasks.training.storage import S3Storage
+    from gpuflow.tasks.training.storage import S3Storage
 
     name = f"ckpt-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server, region_name=REGION).create_bucket(Bucket=name)

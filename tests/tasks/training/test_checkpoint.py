@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gpuflow.bench.checkpoint_bench import measure_checkpoint_throughput
-from tasks.training.checkpoint import (
+from gpuflow.tasks.training.checkpoint import (
     MANIFEST_NAME,
     CheckpointCorruptError,
     CheckpointManager,
@@ -25,9 +25,9 @@ from tasks.training.checkpoint import (
     model_fingerprint,
     restore_rng_state,
 )
-from tasks.training.storage import LocalStorage, S3Storage
+from gpuflow.tasks.training.storage import LocalStorage, S3Storage
 
-LOGGER = "tasks.training.checkpoint"
+LOGGER = "gpuflow.tasks.training.checkpoint"
 
 
 class TinyNet(torch.nn.Module):

@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 
-from tasks.training.data import (
+from gpuflow.tasks.training.data import (
     DATASETS,
     ImageBatchSampler,
     ImageDataset,

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.training.data import DATASETS
-from tasks.training.models import (
+from gpuflow.tasks.training.data import DATASETS
+from gpuflow.tasks.training.models import (
     MODELS,
     Bottleneck,
     Llama,
@@ -19,8 +19,8 @@ from tasks.training.models import (
     lm_loss,
     model_spec,
 )
-from tasks.training.models.llama import Attention, apply_rope, rope_tables
-from tasks.training.models.resnet import STAGE_NAMES
+from gpuflow.tasks.training.models.llama import Attention, apply_rope, rope_tables
+from gpuflow.tasks.training.models.resnet import STAGE_NAMES
 
 torch.set_num_threads(1)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hardware.skus import sku
-from tasks.training import precision
-from tasks.training.precision import (
+from gpuflow.hardware.skus import sku
+from gpuflow.tasks.training import precision
+from gpuflow.tasks.training.precision import (
     AutoPrecision,
     PrecisionError,
     Switch,
@@ -21,7 +21,7 @@ from tasks.training.precision import (
 )
 
 CPU = torch.device("cpu")
-LOGGER = "tasks.training.precision"
+LOGGER = "gpuflow.tasks.training.precision"
 
 
 def _cpuinfo(tmp_path: Path, flags: str) -> Path:

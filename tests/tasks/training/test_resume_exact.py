@@ -10,16 +10,16 @@ from pathlib import Path
 
 import torch
 
-from tasks.training.checkpoint import CheckpointManager
-from tasks.training.storage import LocalStorage
+from gpuflow.tasks.training.checkpoint import CheckpointManager
+from gpuflow.tasks.training.storage import LocalStorage
 
 RUN = textwrap.dedent(
     """
     import os, signal, sys, torch
     torch.set_num_threads(1)
-    from tasks.training.loop import train_loop
-    from tasks.training.spec import TrainSpec
-    from tasks.training.storage import LocalStorage
+    from gpuflow.tasks.training.loop import train_loop
+    from gpuflow.tasks.training.spec import TrainSpec
+    from gpuflow.tasks.training.storage import LocalStorage
     job, root, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
     spec = TrainSpec(job_id=job, model="llama-tiny", steps=30, checkpoint_interval=10,
                      precision="fp32", seed=7)

@@ -8,7 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tasks.training.storage import (
+from gpuflow.tasks.training.storage import (
     BucketNotFoundError,
     CheckpointStore,
     CredentialsRefusedError,

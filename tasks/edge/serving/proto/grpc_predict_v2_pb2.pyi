@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,7 +14,7 @@ class ServerLiveResponse(_message.Message):
     __slots__ = ("live",)
     LIVE_FIELD_NUMBER: _ClassVar[int]
     live: bool
-    def __init__(self, live: bool | None = ...) -> None: ...
+    def __init__(self, live: _Optional[bool] = ...) -> None: ...
 
 class ServerReadyRequest(_message.Message):
     __slots__ = ()
@@ -26,7 +24,7 @@ class ServerReadyResponse(_message.Message):
     __slots__ = ("ready",)
     READY_FIELD_NUMBER: _ClassVar[int]
     ready: bool
-    def __init__(self, ready: bool | None = ...) -> None: ...
+    def __init__(self, ready: _Optional[bool] = ...) -> None: ...
 
 class ModelReadyRequest(_message.Message):
     __slots__ = ("name", "version")
@@ -34,13 +32,13 @@ class ModelReadyRequest(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
-    def __init__(self, name: str | None = ..., version: str | None = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ModelReadyResponse(_message.Message):
     __slots__ = ("ready",)
     READY_FIELD_NUMBER: _ClassVar[int]
     ready: bool
-    def __init__(self, ready: bool | None = ...) -> None: ...
+    def __init__(self, ready: _Optional[bool] = ...) -> None: ...
 
 class ServerMetadataRequest(_message.Message):
     __slots__ = ()
@@ -54,7 +52,7 @@ class ServerMetadataResponse(_message.Message):
     name: str
     version: str
     extensions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: str | None = ..., version: str | None = ..., extensions: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., extensions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelMetadataRequest(_message.Message):
     __slots__ = ("name", "version")
@@ -62,7 +60,7 @@ class ModelMetadataRequest(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
-    def __init__(self, name: str | None = ..., version: str | None = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ModelMetadataResponse(_message.Message):
     __slots__ = ("name", "versions", "platform", "inputs", "outputs")
@@ -74,7 +72,7 @@ class ModelMetadataResponse(_message.Message):
         name: str
         datatype: str
         shape: _containers.RepeatedScalarFieldContainer[int]
-        def __init__(self, name: str | None = ..., datatype: str | None = ..., shape: _Iterable[int] | None = ...) -> None: ...
+        def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
@@ -85,7 +83,7 @@ class ModelMetadataResponse(_message.Message):
     platform: str
     inputs: _containers.RepeatedCompositeFieldContainer[ModelMetadataResponse.TensorMetadata]
     outputs: _containers.RepeatedCompositeFieldContainer[ModelMetadataResponse.TensorMetadata]
-    def __init__(self, name: str | None = ..., versions: _Iterable[str] | None = ..., platform: str | None = ..., inputs: _Iterable[ModelMetadataResponse.TensorMetadata | _Mapping] | None = ..., outputs: _Iterable[ModelMetadataResponse.TensorMetadata | _Mapping] | None = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., platform: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ...) -> None: ...
 
 class ModelInferRequest(_message.Message):
     __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs", "raw_input_contents")
@@ -97,7 +95,7 @@ class ModelInferRequest(_message.Message):
             VALUE_FIELD_NUMBER: _ClassVar[int]
             key: str
             value: InferParameter
-            def __init__(self, key: str | None = ..., value: InferParameter | _Mapping | None = ...) -> None: ...
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
         NAME_FIELD_NUMBER: _ClassVar[int]
         DATATYPE_FIELD_NUMBER: _ClassVar[int]
         SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -108,7 +106,7 @@ class ModelInferRequest(_message.Message):
         shape: _containers.RepeatedScalarFieldContainer[int]
         parameters: _containers.MessageMap[str, InferParameter]
         contents: InferTensorContents
-        def __init__(self, name: str | None = ..., datatype: str | None = ..., shape: _Iterable[int] | None = ..., parameters: _Mapping[str, InferParameter] | None = ..., contents: InferTensorContents | _Mapping | None = ...) -> None: ...
+        def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., contents: _Optional[_Union[InferTensorContents, _Mapping]] = ...) -> None: ...
     class InferRequestedOutputTensor(_message.Message):
         __slots__ = ("name", "parameters")
         class ParametersEntry(_message.Message):
@@ -117,19 +115,19 @@ class ModelInferRequest(_message.Message):
             VALUE_FIELD_NUMBER: _ClassVar[int]
             key: str
             value: InferParameter
-            def __init__(self, key: str | None = ..., value: InferParameter | _Mapping | None = ...) -> None: ...
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
         NAME_FIELD_NUMBER: _ClassVar[int]
         PARAMETERS_FIELD_NUMBER: _ClassVar[int]
         name: str
         parameters: _containers.MessageMap[str, InferParameter]
-        def __init__(self, name: str | None = ..., parameters: _Mapping[str, InferParameter] | None = ...) -> None: ...
+        def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ...) -> None: ...
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: InferParameter
-        def __init__(self, key: str | None = ..., value: InferParameter | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -144,7 +142,7 @@ class ModelInferRequest(_message.Message):
     inputs: _containers.RepeatedCompositeFieldContainer[ModelInferRequest.InferInputTensor]
     outputs: _containers.RepeatedCompositeFieldContainer[ModelInferRequest.InferRequestedOutputTensor]
     raw_input_contents: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, model_name: str | None = ..., model_version: str | None = ..., id: str | None = ..., parameters: _Mapping[str, InferParameter] | None = ..., inputs: _Iterable[ModelInferRequest.InferInputTensor | _Mapping] | None = ..., outputs: _Iterable[ModelInferRequest.InferRequestedOutputTensor | _Mapping] | None = ..., raw_input_contents: _Iterable[bytes] | None = ...) -> None: ...
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., id: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., inputs: _Optional[_Iterable[_Union[ModelInferRequest.InferInputTensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ModelInferRequest.InferRequestedOutputTensor, _Mapping]]] = ..., raw_input_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ModelInferResponse(_message.Message):
     __slots__ = ("model_name", "model_version", "id", "parameters", "outputs", "raw_output_contents")
@@ -156,7 +154,7 @@ class ModelInferResponse(_message.Message):
             VALUE_FIELD_NUMBER: _ClassVar[int]
             key: str
             value: InferParameter
-            def __init__(self, key: str | None = ..., value: InferParameter | _Mapping | None = ...) -> None: ...
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
         NAME_FIELD_NUMBER: _ClassVar[int]
         DATATYPE_FIELD_NUMBER: _ClassVar[int]
         SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -167,14 +165,14 @@ class ModelInferResponse(_message.Message):
         shape: _containers.RepeatedScalarFieldContainer[int]
         parameters: _containers.MessageMap[str, InferParameter]
         contents: InferTensorContents
-        def __init__(self, name: str | None = ..., datatype: str | None = ..., shape: _Iterable[int] | None = ..., parameters: _Mapping[str, InferParameter] | None = ..., contents: InferTensorContents | _Mapping | None = ...) -> None: ...
+        def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., contents: _Optional[_Union[InferTensorContents, _Mapping]] = ...) -> None: ...
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: InferParameter
-        def __init__(self, key: str | None = ..., value: InferParameter | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -187,7 +185,7 @@ class ModelInferResponse(_message.Message):
     parameters: _containers.MessageMap[str, InferParameter]
     outputs: _containers.RepeatedCompositeFieldContainer[ModelInferResponse.InferOutputTensor]
     raw_output_contents: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, model_name: str | None = ..., model_version: str | None = ..., id: str | None = ..., parameters: _Mapping[str, InferParameter] | None = ..., outputs: _Iterable[ModelInferResponse.InferOutputTensor | _Mapping] | None = ..., raw_output_contents: _Iterable[bytes] | None = ...) -> None: ...
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., id: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., outputs: _Optional[_Iterable[_Union[ModelInferResponse.InferOutputTensor, _Mapping]]] = ..., raw_output_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class InferParameter(_message.Message):
     __slots__ = ("bool_param", "int64_param", "string_param")
@@ -197,7 +195,7 @@ class InferParameter(_message.Message):
     bool_param: bool
     int64_param: int
     string_param: str
-    def __init__(self, bool_param: bool | None = ..., int64_param: int | None = ..., string_param: str | None = ...) -> None: ...
+    def __init__(self, bool_param: _Optional[bool] = ..., int64_param: _Optional[int] = ..., string_param: _Optional[str] = ...) -> None: ...
 
 class InferTensorContents(_message.Message):
     __slots__ = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp32_contents", "fp64_contents", "bytes_contents")
@@ -217,4 +215,4 @@ class InferTensorContents(_message.Message):
     fp32_contents: _containers.RepeatedScalarFieldContainer[float]
     fp64_contents: _containers.RepeatedScalarFieldContainer[float]
     bytes_contents: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, bool_contents: _Iterable[bool] | None = ..., int_contents: _Iterable[int] | None = ..., int64_contents: _Iterable[int] | None = ..., uint_contents: _Iterable[int] | None = ..., uint64_contents: _Iterable[int] | None = ..., fp32_contents: _Iterable[float] | None = ..., fp64_contents: _Iterable[float] | None = ..., bytes_contents: _Iterable[bytes] | None = ...) -> None: ...
+    def __init__(self, bool_contents: _Optional[_Iterable[bool]] = ..., int_contents: _Optional[_Iterable[int]] = ..., int64_contents: _Optional[_Iterable[int]] = ..., uint_contents: _Optional[_Iterable[int]] = ..., uint64_contents: _Optional[_Iterable[int]] = ..., fp32_contents: _Optional[_Iterable[float]] = ..., fp64_contents: _Optional[_Iterable[float]] = ..., bytes_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...

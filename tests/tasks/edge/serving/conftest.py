@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, kserve_dtype, save_manifest
-from tasks.edge.serving.server import ShardServer, start_shard_server
+from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, kserve_dtype, save_manifest
+from gpuflow.tasks.edge.serving.server import ShardServer, start_shard_server
 
 OPSET = 17
 # A boundary tensor of 1.6 M float32 = 6.4 MB, over gRPC's 4 MiB default message limit.

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tasks.edge.serving.chain import (
+from gpuflow.tasks.edge.serving.chain import (
     ChainDriver,
     pipelined_driver,
     pipelined_forwarding,
@@ -16,8 +16,8 @@ from tasks.edge.serving.chain import (
     run_chain_forwarding,
     run_pipelined,
 )
-from tasks.edge.serving.client import OipClient, OipError
-from tasks.edge.serving.server import ShardServer
+from gpuflow.tasks.edge.serving.client import OipClient, OipError
+from gpuflow.tasks.edge.serving.server import ShardServer
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((3, 4)).astype(np.float32)
@@ -43,7 +43,7 @@ def test_driver_forwarding_and_unsplit_model_agree(
 
 
 def test_forwarding_head_passes_requested_outputs_and_id(mlp_forwarding) -> None:
-    from tasks.edge.serving.codec import build_infer_request, decode_response
+    from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
 
     with OipClient(mlp_forwarding[0].address) as head:
         response = head.infer_request(

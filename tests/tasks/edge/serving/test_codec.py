@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.edge.manifest import KSERVE_TO_NUMPY
-from tasks.edge.serving.codec import (
+from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY
+from gpuflow.tasks.edge.serving.codec import (
     TensorCodecError,
     add_output,
     build_infer_request,
     decode_response,
     decode_tensors,
 )
-from tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
-from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
 
 
 @pytest.mark.parametrize("datatype", sorted(KSERVE_TO_NUMPY))

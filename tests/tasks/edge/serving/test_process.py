@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.edge.serving.client import OipClient
-from tasks.edge.serving.process import ShardStartError, server_argv, start_shard_process
-from tasks.edge.serving.server import EXIT_INTEGRITY_ERROR, EXIT_STARTUP_ERROR
+from gpuflow.tasks.edge.serving.client import OipClient
+from gpuflow.tasks.edge.serving.process import ShardStartError, server_argv, start_shard_process
+from gpuflow.tasks.edge.serving.server import EXIT_INTEGRITY_ERROR, EXIT_STARTUP_ERROR
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ def test_tampered_shard_process_exits_nonzero_with_the_reason(mlp, tmp_path: Pat
 
 
 def test_missing_manifest_is_a_startup_error(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "tasks.edge.serving.server", "--shard-dir", str(tmp_path)]
+    argv = [sys.executable, "-m", "gpuflow.tasks.edge.serving.server", "--shard-dir", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == EXIT_STARTUP_ERROR
     assert "no manifest.json" in done.stderr

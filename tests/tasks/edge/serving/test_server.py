@@ -11,11 +11,11 @@ import grpc
 import numpy as np
 import pytest
 
-from tasks.edge.manifest import ManifestError, ShardIntegrityError, load_manifest
-from tasks.edge.serving.client import OipClient, OipError
-from tasks.edge.serving.codec import build_infer_request
-from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from tasks.edge.serving.server import PLATFORM, SERVER_NAME, ShardServer
+from gpuflow.tasks.edge.manifest import ManifestError, ShardIntegrityError, load_manifest
+from gpuflow.tasks.edge.serving.client import OipClient, OipError
+from gpuflow.tasks.edge.serving.codec import build_infer_request
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.server import PLATFORM, SERVER_NAME, ShardServer
 
 X = np.array([[0.5, -1.0, 2.0, 0.25], [1.0, 1.0, -0.5, 3.0]], dtype=np.float32)
 
@@ -175,7 +175,7 @@ def test_default_grpc_limit_would_refuse_that_activation(big, start_server) -> N
     request = build_infer_request("big-shard0", {"a": a})
     options = [("grpc.max_send_message_length", 64 << 20)]  # receive stays at 4 MiB
     with grpc.insecure_channel(server.address, options=options) as channel:
-        from tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+        from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
         with pytest.raises(grpc.RpcError) as err:
             pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)

@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 
 def test_wire_names_are_the_protocols() -> None:
