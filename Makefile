@@ -32,6 +32,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	./scripts/install_browser.sh
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
