@@ -17,6 +17,9 @@ packages = find_namespace_packages(include=["gpuflow", "gpuflow.*"], exclude=["*
 for layer in LAYERS:
     package_dir[f"gpuflow.{layer}"] = layer
     packages.append(f"gpuflow.{layer}")
-    packages += [f"gpuflow.{layer}.{sub}" for sub in find_namespace_packages(where=layer, exclude=["*__pycache__*"])]
+    packages += [
+        f"gpuflow.{layer}.{sub}"
+        for sub in find_namespace_packages(where=layer, exclude=["*__pycache__*"])
+    ]
 
 setup(packages=packages, package_dir=package_dir)

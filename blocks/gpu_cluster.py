@@ -31,7 +31,8 @@ class GpuCluster(Block):
         default="", description="Twin fleet spec (YAML path); empty for the embedded default."
     )
     inventory_url: SecretStr | None = Field(
-        default=None, description="SQLAlchemy URL of the inventory; empty for SQLite in GPUFLOW_HOME."
+        default=None,
+        description="SQLAlchemy URL of the inventory; empty for SQLite in GPUFLOW_HOME.",
     )
 
     @field_validator("cluster_spec")

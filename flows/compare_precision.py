@@ -46,7 +46,8 @@ def compare_precision(
     experiment_id = use_experiment(EXPERIMENT)
     client = mlflow.MlflowClient()
     parent = client.create_run(
-        experiment_id, run_name=f"{spec.job_id}-compare",
+        experiment_id,
+        run_name=f"{spec.job_id}-compare",
         tags={"gpuflow.comparison": "precision", "gpuflow.baseline": "fp32"},
     )
     parent_id = parent.info.run_id
@@ -59,8 +60,13 @@ def compare_precision(
     for policy in ["fp32", *candidates]:
         job = spec.model_copy(update={"precision": policy, "job_id": f"{spec.job_id}-{policy}"})
         results[policy] = train(
-            job, device=device, storage=storage, cluster_block=cluster_block,
-            experiment=EXPERIMENT, parent_run_id=parent_id, log_model=False,
+            job,
+            device=device,
+            storage=storage,
+            cluster_block=cluster_block,
+            experiment=EXPERIMENT,
+            parent_run_id=parent_id,
+            log_model=False,
         )
 
     rows = compare_results(results, threshold)
@@ -73,11 +79,18 @@ def compare_precision(
         client.log_metric(child, "convergence_delta", row["convergence_delta"])
         client.set_tag(child, "gpuflow.verdict", row["verdict"])
         client.set_tag(parent_id, f"gpuflow.verdict_{c}", row["verdict"])
-        logger.info("%s: speedup %.2fx, convergence delta %.3f%% -> %s",
-                    c, row["speedup"], 100 * row["convergence_delta"], row["verdict"])
+        logger.info(
+            "%s: speedup %.2fx, convergence delta %.3f%% -> %s",
+            c,
+            row["speedup"],
+            100 * row["convergence_delta"],
+            row["verdict"],
+        )
     client.log_metric(results["fp32"]["run_id"], "speedup", 1.0)
     client.log_metric(results["fp32"]["run_id"], "convergence_delta", 0.0)
     client.log_text(parent_id, json.dumps(rows, indent=2), "comparison.json")
     client.set_terminated(parent_id, "FINISHED")
-    create_table_artifact(rows, key="precision-comparison", description=f"{spec.model}: fp32 vs {candidates}")
+    create_table_artifact(
+        rows, key="precision-comparison", description=f"{spec.model}: fp32 vs {candidates}"
+    )
     return {"parent_run_id": parent_id, "rows": rows}

@@ -96,8 +96,12 @@ def _stage_figure(result: PlanResult):
     width = 0.4
     for offset, (label, plan) in enumerate((("DP", result.dp), ("equal ops", result.equal_ops))):
         xs = [i + (offset - 0.5) * width for i in range(k)]
-        ax.bar(xs, [s.stage_ms for s in plan.shards], width, label=f"{label} (balance "
-               f"{plan.balance:.2f})")
+        ax.bar(
+            xs,
+            [s.stage_ms for s in plan.shards],
+            width,
+            label=f"{label} (balance {plan.balance:.2f})",
+        )
     ax.axhline(result.dp.ideal_ms, color="k", linestyle="--", linewidth=1, label="ideal")
     ax.set_xlabel("shard")
     ax.set_ylabel("stage time (ms)")
@@ -148,8 +152,9 @@ def edge_deploy(
     deployment = Deployment(name, version, model, mode, "planning")
     deployment.save()
     root = deployment.root
-    logger.info("deploying %s as %s version %s over %s", model, name, version,
-                [n.name for n in nodes])
+    logger.info(
+        "deploying %s as %s version %s over %s", model, name, version, [n.name for n in nodes]
+    )
 
     experiment_id = use_experiment(experiment)
     client = mlflow.MlflowClient()
@@ -164,10 +169,16 @@ def edge_deploy(
         params=[
             mlflow.entities.Param(key, str(value))
             for key, value in {
-                "model": model, "shards": k, "mode": mode, "seed": seed,
-                "nodes": ",".join(n.name for n in nodes), "version": version,
-                "overrides": json.dumps(overrides or {}), "atol": atol,
-                "profile_runs": profile_runs, "profile_warmup": profile_warmup,
+                "model": model,
+                "shards": k,
+                "mode": mode,
+                "seed": seed,
+                "nodes": ",".join(n.name for n in nodes),
+                "version": version,
+                "overrides": json.dumps(overrides or {}),
+                "atol": atol,
+                "profile_runs": profile_runs,
+                "profile_warmup": profile_warmup,
             }.items()
         ],
     )
@@ -176,16 +187,24 @@ def edge_deploy(
         step("export")
         client.set_tag(run_id, "gpuflow.edge.opset", str(exported.opset))
         profile = profile_task(
-            exported.onnx_path, exported.sample_inputs(batch=1), runs=profile_runs,
-            warmup=profile_warmup, intra_op_threads=nodes[0].intra_op_threads,
+            exported.onnx_path,
+            exported.sample_inputs(batch=1),
+            runs=profile_runs,
+            warmup=profile_warmup,
+            intra_op_threads=nodes[0].intra_op_threads,
         )
         profile.save(root / "model" / "profile.json")
         step("profile")
         result = plan_task(exported, profile, nodes, k)
         step("plan")
         packaged = package_task(
-            exported.onnx_path, result.cuts, result.dp, root / "shards",
-            source_model=model, opset=exported.opset, version=version,
+            exported.onnx_path,
+            result.cuts,
+            result.dp,
+            root / "shards",
+            source_model=model,
+            opset=exported.opset,
+            version=version,
             segment_ms=result.segment_ms,
         )
         step("package")
@@ -193,12 +212,14 @@ def edge_deploy(
         (root / "plan.json").write_text(json.dumps(summary, indent=2) + "\n")
         client.log_dict(run_id, summary, "plan.json")
         client.log_dict(
-            run_id, {p.manifest.model_name: p.manifest.to_dict() for p in packaged},
+            run_id,
+            {p.manifest.model_name: p.manifest.to_dict() for p in packaged},
             "manifests.json",
         )
         client.log_figure(run_id, _stage_figure(result), "stage_ms.png")
         create_table_artifact(
-            _plan_rows(result), key=f"edge-plan-{_artifact_key(name)}",
+            _plan_rows(result),
+            key=f"edge-plan-{_artifact_key(name)}",
             description=f"{model}: DP split vs equal-operator-count split over {k} nodes",
         )
         client.log_batch(
@@ -236,9 +257,8 @@ def edge_deploy(
         rolled_back = previous is not None
         stop_task(deployment, "rolled-back" if rolled_back else "failed")
         reason = check.error or f"max abs diff {check.max_abs_diff:.3g} > atol {atol:g}"
-        deployment.note = (
-            f"check failed ({reason}); "
-            + (f"rolled back to {previous}" if rolled_back else "no previous version to keep")
+        deployment.note = f"check failed ({reason}); " + (
+            f"rolled back to {previous}" if rolled_back else "no previous version to keep"
         )
         deployment.save()
         client.set_tag(run_id, "gpuflow.edge.status", deployment.status)
@@ -255,9 +275,7 @@ def edge_deploy(
             logger.warning("could not stop previous version %s: %s", previous, exc)
 
     metrics = measure_task(deployment, exported, requests=measure_requests)
-    metrics["whole_model_local_ms"] = local_latency_ms(
-        exported, threads=nodes[0].intra_op_threads
-    )
+    metrics["whole_model_local_ms"] = local_latency_ms(exported, threads=nodes[0].intra_op_threads)
     step("measure")
     client.log_batch(
         run_id,

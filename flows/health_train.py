@@ -59,51 +59,67 @@ def health_train(
     fleet_history, cached = load_history_task(
         history, cache=cache, progress=lambda m, f: progress(f"history: {m}", 0.1 * f)
     )
-    logger.info("fleet history %s: %s", "loaded from cache" if cached else "generated",
-                fleet_history.stats)
+    logger.info(
+        "fleet history %s: %s", "loaded from cache" if cached else "generated", fleet_history.stats
+    )
     outcome: TrainingOutcome = train_and_evaluate_task(
-        history.model_copy(), training, gbt, threshold=threshold, lead_min_s=lead_min_s,
-        history=fleet_history, progress=progress,
+        history.model_copy(),
+        training,
+        gbt,
+        threshold=threshold,
+        lead_min_s=lead_min_s,
+        history=fleet_history,
+        progress=progress,
     )
     outcome.history_cached = cached
-    recorded = log_outcome_task(outcome, experiment=experiment, register=register_model,
-                                model_name=model_name, alias=alias)
+    recorded = log_outcome_task(
+        outcome, experiment=experiment, register=register_model, model_name=model_name, alias=alias
+    )
     update_progress_artifact(progress_id, 100.0)
-    create_markdown_artifact(comparison_markdown(outcome, recorded), key="health-model-test-split",
-                             description="Health model vs baselines on the test split")
+    create_markdown_artifact(
+        comparison_markdown(outcome, recorded),
+        key="health-model-test-split",
+        description="Health model vs baselines on the test split",
+    )
     return {**recorded, "summary": outcome.summary()}
 
 
 def comparison_markdown(outcome: TrainingOutcome, recorded: dict[str, Any]) -> str:
     """The test-split comparison as a markdown table (the flow's artifact)."""
-    rows = ["| model | threshold | precision | recall | recall hbm | recall thermal | "
-            "recall xid79 | recall ecc-unc. | FA / 1000 dev-days | PR-AUC | lead p50 (min) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | threshold | precision | recall | recall hbm | recall thermal | "
+        "recall xid79 | recall ecc-unc. | FA / 1000 dev-days | PR-AUC | lead p50 (min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
 
     def fmt(v: float, scale: float = 1.0, digits: int = 3) -> str:
         return "n/a" if v is None or v != v else f"{v * scale:.{digits}f}"
 
     def row(label: str, r: Any) -> str:
         m, c = r.metrics, r.by_class
-        return (f"| {label} | {r.threshold:g} | {fmt(m['precision'])} | {fmt(m['recall'])} | "
-                f"{fmt(c['hbm']['recall'])} | {fmt(c['thermal']['recall'])} | "
-                f"{fmt(c['xid79']['recall'])} | {fmt(c['ecc-uncorrectable']['recall'])} | "
-                f"{fmt(m['fa_per_1000_device_days'], digits=2)} | {fmt(m['pr_auc'])} | "
-                f"{fmt(m['lead_p50_s'], 1 / 60, 1)} |")
+        return (
+            f"| {label} | {r.threshold:g} | {fmt(m['precision'])} | {fmt(m['recall'])} | "
+            f"{fmt(c['hbm']['recall'])} | {fmt(c['thermal']['recall'])} | "
+            f"{fmt(c['xid79']['recall'])} | {fmt(c['ecc-uncorrectable']['recall'])} | "
+            f"{fmt(m['fa_per_1000_device_days'], digits=2)} | {fmt(m['pr_auc'])} | "
+            f"{fmt(m['lead_p50_s'], 1 / 60, 1)} |"
+        )
 
     for name, r in outcome.at_threshold.items():
         rows.append(row(name, r))
     for name, r in outcome.tuned.items():
         rows.append(row(f"{name} (val-tuned)", r))
     s = outcome.history_stats
-    return "\n".join([
-        f"# Health model: test split ({s['splits']['test']['failures']} failures, "
-        f"{s['splits']['test']['device_days']:.0f} device-days)",
-        "",
-        *rows,
-        "",
-        "Abrupt classes (xid79, ecc-uncorrectable) have no precursor in the twin: their "
-        "recall is what chance gives.",
-        "",
-        f"MLflow run `{recorded['run_id']}`; model `{recorded.get('registry_uri', 'not registered')}`.",
-    ])
+    return "\n".join(
+        [
+            f"# Health model: test split ({s['splits']['test']['failures']} failures, "
+            f"{s['splits']['test']['device_days']:.0f} device-days)",
+            "",
+            *rows,
+            "",
+            "Abrupt classes (xid79, ecc-uncorrectable) have no precursor in the twin: their "
+            "recall is what chance gives.",
+            "",
+            f"MLflow run `{recorded['run_id']}`; model `{recorded.get('registry_uri', 'not registered')}`.",
+        ]
+    )

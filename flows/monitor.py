@@ -54,24 +54,41 @@ def monitor(
     if fast_forward:
         advance = getattr(backend, "advance", None)
         if advance is None:
-            raise ValueError(f"fast_forward needs the digital twin; this cluster runs "
-                             f"{backend.name!r}")
+            raise ValueError(
+                f"fast_forward needs the digital twin; this cluster runs {backend.name!r}"
+            )
         wait = advance
     model, source = load_health_model_task(model_uri)
-    logger.info("monitor: %d rounds every %g s, threshold %g, model %s", rounds, interval_s,
-                threshold, source)
+    logger.info(
+        "monitor: %d rounds every %g s, threshold %g, model %s",
+        rounds,
+        interval_s,
+        threshold,
+        source,
+    )
     progress_id = create_progress_artifact(0.0, description=f"monitor: {rounds} rounds")
 
     def on_round(i: int, report: RoundReport) -> None:
         update_progress_artifact(progress_id, round(100.0 * (i + 1) / rounds, 1))
         for e in report.emitted:
-            logger.warning("health-risk event %s for %s: risk %.3f (%s) %s", e["event_id"],
-                           e["device"], e["risk"], e["reason"], e["top_features"])
+            logger.warning(
+                "health-risk event %s for %s: risk %.3f (%s) %s",
+                e["event_id"],
+                e["device"],
+                e["risk"],
+                e["reason"],
+                e["top_features"],
+            )
         for key in report.cleared:
             logger.info("incident closed for %s", key)
 
-    kwargs: dict[str, Any] = {"rounds": rounds, "interval_s": interval_s, "threshold": threshold,
-                              "clear_threshold": clear_threshold, "on_round": on_round}
+    kwargs: dict[str, Any] = {
+        "rounds": rounds,
+        "interval_s": interval_s,
+        "threshold": threshold,
+        "clear_threshold": clear_threshold,
+        "on_round": on_round,
+    }
     if wait is not None:
         kwargs["wait"] = wait
     result = run_monitor_task(backend, model, **kwargs)

@@ -46,7 +46,9 @@ def partition(
             if res["changed"]:
                 logger.warning("restoring %s after failures on %s", node, sorted(failed))
                 restore_node_task(cluster, node, snapshots[node])
-        raise RuntimeError(f"partition plan failed on {sorted(failed)} and was rolled back: {failed}")
+        raise RuntimeError(
+            f"partition plan failed on {sorted(failed)} and was rolled back: {failed}"
+        )
     create_table_artifact(
         layout_rows_task(cluster, selected),
         key="partition-layout",

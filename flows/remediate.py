@@ -157,13 +157,26 @@ def remediate(
     ledger = L.Ledger(inventory.url)
     worker = _run_id()
     incident, duplicate = open_incident(
-        ledger, inventory, record, trigger=trigger, reason=reason, risk=risk,
-        features=features, event_id=event_id, condition=condition, claim_by=worker,
+        ledger,
+        inventory,
+        record,
+        trigger=trigger,
+        reason=reason,
+        risk=risk,
+        features=features,
+        event_id=event_id,
+        condition=condition,
+        claim_by=worker,
     )
     iid = incident.incident_id
     result.update(incident_id=iid, duplicate=duplicate)
     if duplicate == "event":
-        logger.info("event %s was handled by incident %s (%s): nothing to do", event_id, iid, incident.status)
+        logger.info(
+            "event %s was handled by incident %s (%s): nothing to do",
+            event_id,
+            iid,
+            incident.status,
+        )
         return result | {"status": incident.status}
     if duplicate == "device":
         if not ledger.claim(iid, worker):
@@ -171,8 +184,23 @@ def remediate(
             return result | {"status": incident.status, "busy": True}
         logger.info("%s already has incident %s (%s): re-checking it", ref, iid, incident.status)
     try:
-        return _steps(cluster, inventory, backend, ledger, incident, duplicate, record, condition,
-                      policy, channel, result, reason, trigger, risk, logger)
+        return _steps(
+            cluster,
+            inventory,
+            backend,
+            ledger,
+            incident,
+            duplicate,
+            record,
+            condition,
+            policy,
+            channel,
+            result,
+            reason,
+            trigger,
+            risk,
+            logger,
+        )
     finally:
         ledger.release_claim(iid, worker)
 
@@ -223,13 +251,17 @@ def _steps(
         changed = True
     jobs, others = jobs_on_device(inventory, record)
     result["unmanaged"] = sorted({lease.owner for lease in others})
-    logger.info("%s: %d job(s) to move: %s", ref, len(jobs), ", ".join(j.job_id for j in jobs) or "none")
+    logger.info(
+        "%s: %d job(s) to move: %s", ref, len(jobs), ", ".join(j.job_id for j in jobs) or "none"
+    )
     capacity = ensure_capacity_task(inventory, jobs, policy)
     result["spares_activated"], result["short"] = capacity["promoted"], capacity["short"]
     for node in capacity["promoted"]:
         ledger.add(iid, L.SPARE_ACTIVATED, f"node {node} joined the active pool")
         changed = True
-    reservations = {j.job_id: reserve_target_task(cluster.get_inventory(), backend, j) for j in jobs}
+    reservations = {
+        j.job_id: reserve_target_task(cluster.get_inventory(), backend, j) for j in jobs
+    }
 
     # -- checkpoint and migrate ----------------------------------------------------------
     moved: list[str] = []
@@ -241,32 +273,63 @@ def _steps(
             if job.holds_lease:
                 ledger.add(iid, L.CHECKPOINT_REQUESTED, action, job_id=job.job_id)
             pending[job.job_id] = checkpoint_job_task.submit(
-                cluster.get_inventory(), job, device_present=condition["present"], policy=policy,
-                action=action, incident_id=iid,
+                cluster.get_inventory(),
+                job,
+                device_present=condition["present"],
+                policy=policy,
+                action=action,
+                incident_id=iid,
             )
         for job in jobs:
             ck = pending[job.job_id].result()
-            out: dict[str, Any] = {"checkpoint_id": ck.checkpoint_id, "checkpoint_how": ck.how,
-                                   "step": ck.step, "waited_s": round(ck.waited_s, 3)}
+            out: dict[str, Any] = {
+                "checkpoint_id": ck.checkpoint_id,
+                "checkpoint_how": ck.how,
+                "step": ck.step,
+                "waited_s": round(ck.waited_s, 3),
+            }
             if ck.action == CHECKPOINT_NOW:
                 what = L.CHECKPOINT_IN_PLACE if ck.checkpoint_id else L.JOB_QUEUED
-                ledger.add(iid, what, f"{ck.checkpoint_id or '-'}; no free {job.sku}: "
-                           "keeps running where it is", job_id=job.job_id)
-                out.update(status="in-place", detail=f"no free {job.sku}: kept running, {ck.detail}".strip(", "))
+                ledger.add(
+                    iid,
+                    what,
+                    f"{ck.checkpoint_id or '-'}; no free {job.sku}: keeps running where it is",
+                    job_id=job.job_id,
+                )
+                out.update(
+                    status="in-place",
+                    detail=f"no free {job.sku}: kept running, {ck.detail}".strip(", "),
+                )
             else:
                 moved.append(job.job_id)
                 what = L.CHECKPOINT_WRITTEN if ck.how == "on-request" else L.CHECKPOINT_FALLBACK
-                ledger.add(iid, what, f"{ck.checkpoint_id or 'none: restarts from step 0'}"
-                           + (f" ({ck.detail})" if ck.detail else ""), job_id=job.job_id)
+                ledger.add(
+                    iid,
+                    what,
+                    f"{ck.checkpoint_id or 'none: restarts from step 0'}"
+                    + (f" ({ck.detail})" if ck.detail else ""),
+                    job_id=job.job_id,
+                )
                 mig = migrate_job_task(cluster, job, ck, reservations[job.job_id], on_job_crash)
                 reservations.pop(job.job_id)  # used or given back by migrate itself
-                out.update(status=mig.status, target=mig.target, launcher=mig.launcher,
-                           detail=mig.detail)
+                out.update(
+                    status=mig.status, target=mig.target, launcher=mig.launcher, detail=mig.detail
+                )
                 if mig.status == "resumed":
-                    ledger.add(iid, L.JOB_RESUMED, f"on {mig.target} from {ck.checkpoint_id or 'scratch'}"
-                               f" (step {ck.step or 0})", job_id=job.job_id)
+                    ledger.add(
+                        iid,
+                        L.JOB_RESUMED,
+                        f"on {mig.target} from {ck.checkpoint_id or 'scratch'}"
+                        f" (step {ck.step or 0})",
+                        job_id=job.job_id,
+                    )
                 else:
-                    ledger.add(iid, L.JOB_QUEUED, f"checkpointed and queued: {mig.detail}", job_id=job.job_id)
+                    ledger.add(
+                        iid,
+                        L.JOB_QUEUED,
+                        f"checkpointed and queued: {mig.detail}",
+                        job_id=job.job_id,
+                    )
             ledger.set_job(iid, job.job_id, **out)
             result["jobs"][job.job_id] = out
             changed = True
@@ -303,8 +366,15 @@ def _mark(inventory: Any, job_id: str, device_uuid: str, incident_id: str) -> No
     try:
         current = inventory.job(job_id)
         if (current.info.get("remediation") or {}).get("device_uuid") != device_uuid:
-            inventory.set_job_state(job_id, current.state, remediation={
-                "device_uuid": device_uuid, "incident": incident_id, "cause": "failed step"})
+            inventory.set_job_state(
+                job_id,
+                current.state,
+                remediation={
+                    "device_uuid": device_uuid,
+                    "incident": incident_id,
+                    "cause": "failed step",
+                },
+            )
     except Exception:  # noqa: BLE001 - best effort on the failure path
         logging.getLogger(__name__).exception("could not mark job %s", job_id)
 
@@ -345,7 +415,9 @@ def _report(
 def on_job_crash(job_id: str, device: str, error: BaseException, **options: Any) -> dict[str, Any]:
     """A CrashHandler for InProcessRunner: the job died with its device; resume it."""
     return remediate(
-        device=device, trigger="reactive", reason=f"job {job_id} crashed: {type(error).__name__}: {error}"[:300],
+        device=device,
+        trigger="reactive",
+        reason=f"job {job_id} crashed: {type(error).__name__}: {error}"[:300],
         **options,
     )
 
@@ -379,11 +451,21 @@ def remediate_on_train_failure(flow: Any, flow_run: Any, state: Any) -> None:
     if not crash_is_hardware(error, backend, res.node, res.device_index):
         logger.info("job %s failed on a healthy device: not remediating", job_id)
         return
-    inventory.set_job_state(job_id, "queued", remediation={
-        "device_uuid": res.device_uuid, "cause": "crash", "error": str(error)[:500],
-    })
-    remediate(device=f"{res.node}:{res.device_index}", trigger="reactive",
-              reason=f"train flow of job {job_id} failed with its device", cluster=cluster)
+    inventory.set_job_state(
+        job_id,
+        "queued",
+        remediation={
+            "device_uuid": res.device_uuid,
+            "cause": "crash",
+            "error": str(error)[:500],
+        },
+    )
+    remediate(
+        device=f"{res.node}:{res.device_index}",
+        trigger="reactive",
+        reason=f"train flow of job {job_id} failed with its device",
+        cluster=cluster,
+    )
 
 
 def remediate_deployment(name: str = "remediate", **kwargs: Any) -> Any:

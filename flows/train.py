@@ -15,7 +15,10 @@ from prefect import flow, get_run_logger
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.remediation.launch import remember_launch
-from gpuflow.tasks.scheduling.train_placement import placement_for_train_task, release_placement_task
+from gpuflow.tasks.scheduling.train_placement import (
+    placement_for_train_task,
+    release_placement_task,
+)
 from gpuflow.tasks.tracking import flat_params, use_experiment
 from gpuflow.tasks.training.binding import DeviceRequest
 from gpuflow.tasks.training.job import (
@@ -65,7 +68,10 @@ def train(
     client = mlflow.MlflowClient()
     run = client.create_run(experiment_id, run_name=f"{spec.job_id}", tags=tags)
     run_id = run.info.run_id
-    client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()])
+    client.log_batch(
+        run_id,
+        params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()],
+    )
 
     # The scheduler places it (homogeneous, by policy and priority) and leases for it; a job
     # the `schedule` flow already placed gets that placement.
@@ -73,12 +79,18 @@ def train(
         cluster, device, spec.job_id, priority=priority, preempt=preempt, wait_s=wait_s
     )
     # How to relaunch this job elsewhere if its device fails (remediation reads it).
-    remember_launch(cluster.get_inventory(), spec, storage, device, launcher="deployment", run_id=run_id)
+    remember_launch(
+        cluster.get_inventory(), spec, storage, device, launcher="deployment", run_id=run_id
+    )
     res = binding.resource
     for key, value in {
-        "gpuflow.node": res.node, "gpuflow.device_index": str(res.device_index),
-        "gpuflow.sku": res.sku, "gpuflow.vendor": res.vendor, "gpuflow.resource_id": res.resource_id,
-        "gpuflow.partition": res.profile or "whole-device", "gpuflow.backend": binding.backend_name,
+        "gpuflow.node": res.node,
+        "gpuflow.device_index": str(res.device_index),
+        "gpuflow.sku": res.sku,
+        "gpuflow.vendor": res.vendor,
+        "gpuflow.resource_id": res.resource_id,
+        "gpuflow.partition": res.profile or "whole-device",
+        "gpuflow.backend": binding.backend_name,
         "gpuflow.torch_device": str(binding.torch_device),
     }.items():
         client.set_tag(run_id, key, value)
@@ -97,14 +109,21 @@ def train(
     for key, value in result_metrics(result).items():
         if value is not None:
             client.log_metric(run_id, key, float(value))
-    client.log_text(run_id, json.dumps([s.to_dict() for s in result.switches], indent=2), "precision_switches.json")
+    client.log_text(
+        run_id,
+        json.dumps([s.to_dict() for s in result.switches], indent=2),
+        "precision_switches.json",
+    )
     for s in result.switches:
         d = s.to_dict()
-        logger.info("precision switch at step %d: %s -> %s (%s)", d["step"], d["from"], d["to"], d["reason"])
+        logger.info(
+            "precision switch at step %d: %s -> %s (%s)", d["step"], d["from"], d["to"], d["reason"]
+        )
     if log_model and not result.stopped_by_request:
         with mlflow.start_run(run_id=run_id):
             mlflow.pytorch.log_model(
-                trained_model(spec, storage.store()), name="model",
+                trained_model(spec, storage.store()),
+                name="model",
                 # pickle: the models are plain nn.Modules of this package; pt2 would need
                 # a traced example input per model family.
                 serialization_format="pickle",

@@ -25,7 +25,9 @@ hw_app = typer.Typer(help="Devices: list them, partition them.", no_args_is_help
 partition_app = typer.Typer(
     help="Hard partitions from a mig-parted plan: apply, assert, export.", no_args_is_help=True
 )
-sim_app = typer.Typer(help="The digital twin: inject faults, repair, fast-forward.", no_args_is_help=True)
+sim_app = typer.Typer(
+    help="The digital twin: inject faults, repair, fast-forward.", no_args_is_help=True
+)
 app.add_typer(hw_app, name="hw")
 hw_app.add_typer(partition_app, name="partition")
 app.add_typer(sim_app, name="sim")
@@ -69,7 +71,9 @@ def _clean_errors(fn: F) -> F:
 
 BackendOpt = Annotated[
     str | None,
-    typer.Option("--backend", "-b", help="auto | nvml | hygon | sim (default: GPUFLOW_BACKEND or auto)"),
+    typer.Option(
+        "--backend", "-b", help="auto | nvml | hygon | sim (default: GPUFLOW_BACKEND or auto)"
+    ),
 ]
 
 
@@ -112,15 +116,24 @@ def fleet_table(rows: list[dict[str, Any]], title: str = "gpuflow fleet") -> Tab
 
     table = Table(title=title, header_style="bold")
     for col, justify in (
-        ("node", "left"), ("idx", "right"), ("region", "left"), ("SKU", "left"),
-        ("memory", "right"), ("partitions", "left"), ("temp", "right"), ("power", "right"),
-        ("util", "right"), ("health", "left"),
+        ("node", "left"),
+        ("idx", "right"),
+        ("region", "left"),
+        ("SKU", "left"),
+        ("memory", "right"),
+        ("partitions", "left"),
+        ("temp", "right"),
+        ("power", "right"),
+        ("util", "right"),
+        ("health", "left"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     colours = {"ok": "green", "warn": "yellow", "critical": "red", "lost": "red"}
     for r in rows:
         node = r["node"] + (" (spare)" if r["role"] == "spare" else "")
-        health = r["health"] + (f" ({', '.join(r['health_reasons'])})" if r["health_reasons"] else "")
+        health = r["health"] + (
+            f" ({', '.join(r['health_reasons'])})" if r["health_reasons"] else ""
+        )
         table.add_row(
             node,
             str(r["index"]),
@@ -136,10 +149,15 @@ def fleet_table(rows: list[dict[str, Any]], title: str = "gpuflow fleet") -> Tab
     return table
 
 
-PlanFile = Annotated[Path, typer.Option("--file", "-f", help="Partition plan (mig-parted v1 format).")]
-ConfigName = Annotated[str, typer.Option("--config", "-c", help="The mig-config to use from the plan.")]
+PlanFile = Annotated[
+    Path, typer.Option("--file", "-f", help="Partition plan (mig-parted v1 format).")
+]
+ConfigName = Annotated[
+    str, typer.Option("--config", "-c", help="The mig-config to use from the plan.")
+]
 NodesOpt = Annotated[
-    list[str] | None, typer.Option("--node", "-n", help="Only these nodes (repeatable); default all.")
+    list[str] | None,
+    typer.Option("--node", "-n", help="Only these nodes (repeatable); default all."),
 ]
 
 
@@ -229,12 +247,16 @@ def _twin():
 @_clean_errors
 def sim_inject(
     device: Annotated[str, typer.Option("--device", "-d", help="NODE:INDEX, e.g. a100-0:2")],
-    fault: Annotated[str, typer.Option("--fault", "-k", help="Fault kind (see `gpuflow sim faults`).")],
+    fault: Annotated[
+        str, typer.Option("--fault", "-k", help="Fault kind (see `gpuflow sim faults`).")
+    ],
 ) -> None:
     """Inject a fault into a twin device now; every process reading the twin sees it."""
     node, index = _parse_device(device)
     record = _twin().inject_fault(node, index, fault)
-    console.print(f"injected [bold]{fault}[/bold] on {node}:{index}: {json.dumps(record, default=str)}")
+    console.print(
+        f"injected [bold]{fault}[/bold] on {node}:{index}: {json.dumps(record, default=str)}"
+    )
 
 
 @sim_app.command("faults")
@@ -288,7 +310,11 @@ StorageOpt = Annotated[str, typer.Option("--storage", help="local | s3")]
 
 
 def _storage(
-    storage: str, path: Path | None, bucket: str | None, prefix: str, endpoint_url: str | None,
+    storage: str,
+    path: Path | None,
+    bucket: str | None,
+    prefix: str,
+    endpoint_url: str | None,
     block: str | None,
 ):
     """A CheckpointStorage from options; S3 credentials come from the usual AWS variables."""
@@ -325,7 +351,9 @@ def _train_spec(**fields: Any):
     try:
         return TrainSpec(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
+        msgs = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
+        )
         raise InvalidRequestError(msgs) from None
 
 
@@ -336,9 +364,14 @@ class _StepProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         self.progress = Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            "loss {task.fields[loss]}", "{task.fields[precision]}", TimeRemainingColumn(),
-            console=console, transient=False,
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            "loss {task.fields[loss]}",
+            "{task.fields[precision]}",
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
         )
         self.tasks: dict[str, Any] = {}
 
@@ -346,7 +379,10 @@ class _StepProgress:
         if job_id not in self.tasks:
             self.tasks[job_id] = self.progress.add_task(job_id, total=total, loss="-", precision="")
         self.progress.update(
-            self.tasks[job_id], completed=info.step, loss=f"{info.loss:.3f}", precision=info.precision
+            self.tasks[job_id],
+            completed=info.step,
+            loss=f"{info.loss:.3f}",
+            precision=info.precision,
         )
 
     def __enter__(self) -> _StepProgress:
@@ -378,37 +414,61 @@ def _run_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @app.command("train")
 @_clean_errors
 def train_cmd(
-    model: Annotated[str, typer.Option(help="Model name (llama-tiny, byte-lm, resnet18-digits, ...).")] = "llama-tiny",
+    model: Annotated[
+        str, typer.Option(help="Model name (llama-tiny, byte-lm, resnet18-digits, ...).")
+    ] = "llama-tiny",
     steps: Annotated[int, typer.Option(help="Total optimizer steps.")] = 200,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 | auto")] = "auto",
-    job_id: Annotated[str | None, typer.Option(help="Job id (names checkpoints); default generated.")] = None,
+    job_id: Annotated[
+        str | None, typer.Option(help="Job id (names checkpoints); default generated.")
+    ] = None,
     batch_size: Annotated[int | None, typer.Option()] = None,
     checkpoint_interval: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
     seed: Annotated[int, typer.Option()] = 0,
-    sku: Annotated[str | None, typer.Option(help="Run on a device of this SKU (a100-40gb, v100, ...).")] = None,
-    profile: Annotated[str | None, typer.Option(help="Run on a partition of this profile (3g.20gb, vdcu).")] = None,
+    sku: Annotated[
+        str | None, typer.Option(help="Run on a device of this SKU (a100-40gb, v100, ...).")
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Run on a partition of this profile (3g.20gb, vdcu).")
+    ] = None,
     storage: StorageOpt = "local",
     checkpoint_dir: Annotated[Path | None, typer.Option(help="Local checkpoint root.")] = None,
     s3_bucket: Annotated[str | None, typer.Option(help="S3 bucket for checkpoints.")] = None,
     s3_prefix: Annotated[str, typer.Option(help="Key prefix in the bucket.")] = "",
     s3_endpoint_url: Annotated[str | None, typer.Option(help="Any S3-compatible endpoint.")] = None,
-    storage_block: Annotated[str | None, typer.Option(help="A saved CheckpointStorage block.")] = None,
+    storage_block: Annotated[
+        str | None, typer.Option(help="A saved CheckpointStorage block.")
+    ] = None,
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
     from gpuflow.flows.train import train
     from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _train_spec(
-        job_id=job_id, model=model, steps=steps, precision=precision,
-        batch_size=batch_size, checkpoint_interval=checkpoint_interval, seed=seed,
+        job_id=job_id,
+        model=model,
+        steps=steps,
+        precision=precision,
+        batch_size=batch_size,
+        checkpoint_interval=checkpoint_interval,
+        seed=seed,
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
     with _StepProgress():
-        result = _run_flow(train, spec, device=DeviceRequest(sku=sku, profile=profile), storage=store)
+        result = _run_flow(
+            train, spec, device=DeviceRequest(sku=sku, profile=profile), storage=store
+        )
     table = Table(title=f"train {spec.job_id}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("steps_done", "resumed_from_step", "final_loss", "eval_loss", "wall_time_s", "run_id"):
+    for key in (
+        "steps_done",
+        "resumed_from_step",
+        "final_loss",
+        "eval_loss",
+        "wall_time_s",
+        "run_id",
+    ):
         value = result[key]
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     table.add_row("precision switches", str(len(result["switches"])))
@@ -420,8 +480,13 @@ def train_cmd(
 def compare_precision_cmd(
     model: Annotated[str, typer.Option(help="Model name.")] = "byte-lm",
     steps: Annotated[int, typer.Option(help="Steps per run.")] = 300,
-    candidate: Annotated[list[str] | None, typer.Option("--candidate", help="Candidate policy (repeatable); default auto.")] = None,
-    threshold: Annotated[float, typer.Option(help="Convergence delta threshold (0.005 = 0.5 %).")] = 0.005,
+    candidate: Annotated[
+        list[str] | None,
+        typer.Option("--candidate", help="Candidate policy (repeatable); default auto."),
+    ] = None,
+    threshold: Annotated[
+        float, typer.Option(help="Convergence delta threshold (0.005 = 0.5 %).")
+    ] = 0.005,
     job_id: Annotated[str | None, typer.Option(help="Job id prefix.")] = None,
     sku: Annotated[str | None, typer.Option(help="Device SKU for every run.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
@@ -437,14 +502,21 @@ def compare_precision_cmd(
     from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _train_spec(
-        job_id=job_id, model=model, steps=steps, seed=seed,
+        job_id=job_id,
+        model=model,
+        steps=steps,
+        seed=seed,
         checkpoint_interval=max(steps, 1),
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
     with _StepProgress():
         out = _run_flow(
-            compare_precision, spec, candidates=candidate or ["auto"],
-            device=DeviceRequest(sku=sku), storage=store, threshold=threshold,
+            compare_precision,
+            spec,
+            candidates=candidate or ["auto"],
+            device=DeviceRequest(sku=sku),
+            storage=store,
+            threshold=threshold,
         )
     console.print(comparison_table(out["rows"]))
     console.print(f"MLflow parent run: {out['parent_run_id']}")
@@ -457,8 +529,12 @@ def comparison_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         colour = "green" if r["verdict"] == "pass" else "red"
         table.add_row(
-            r["policy"], f"{r['speedup']:.2f}x", f"{r['step_speedup']:.2f}x",
-            f"{100 * r['convergence_delta']:.3f} %", str(r["switches"]), f"[{colour}]{r['verdict']}[/]",
+            r["policy"],
+            f"{r['speedup']:.2f}x",
+            f"{r['step_speedup']:.2f}x",
+            f"{100 * r['convergence_delta']:.3f} %",
+            str(r["switches"]),
+            f"[{colour}]{r['verdict']}[/]",
         )
     return table
 
@@ -474,7 +550,9 @@ BENCHMARKS = ("train", "scheduler", "downtime", "edge", "health")
 @_clean_errors
 def bench_cmd(
     name: Annotated[str, typer.Argument(help=f"Benchmark: {', '.join(BENCHMARKS)}")],
-    quick: Annotated[bool, typer.Option(help="A smoke run with tiny sizes (figures mean little).")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="A smoke run with tiny sizes (figures mean little).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw result as JSON.")] = False,
 ) -> None:
     """Run a benchmark; ratios are measured side by side in one run, saved under GPUFLOW_HOME/bench."""
@@ -521,7 +599,9 @@ def _default_project_dir() -> Path:
 @app.command("up")
 @_clean_errors
 def up_cmd(
-    project_dir: Annotated[Path | None, typer.Option(help="The gpuflow checkout (holds prefect.yaml).")] = None,
+    project_dir: Annotated[
+        Path | None, typer.Option(help="The gpuflow checkout (holds prefect.yaml).")
+    ] = None,
     prefect_port: Annotated[int, typer.Option(help="Prefect server port (0 = any free).")] = 4200,
     mlflow_port: Annotated[int, typer.Option(help="MLflow server port (0 = any free).")] = 5000,
     workers: Annotated[int, typer.Option(help="Process workers on the pool's default queue.")] = 1,
@@ -529,10 +609,25 @@ def up_cmd(
         list[str] | None,
         typer.Option("--node-worker", help="Start a worker that owns this node (repeatable)."),
     ] = None,
-    prefect_database_url: Annotated[str | None, typer.Option(envvar="GPUFLOW_PREFECT_DATABASE_URL", help="PostgreSQL URL for Prefect (default SQLite).")] = None,
-    mlflow_backend_uri: Annotated[str | None, typer.Option(envvar="GPUFLOW_MLFLOW_BACKEND_URI", help="MLflow backend store URL (default SQLite).")] = None,
-    mlflow_artifacts: Annotated[str | None, typer.Option(help="MLflow artifact destination (e.g. s3://bucket/mlflow).")] = None,
-    no_deploy: Annotated[bool, typer.Option("--no-deploy", help="Skip `prefect deploy --all`.")] = False,
+    prefect_database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GPUFLOW_PREFECT_DATABASE_URL",
+            help="PostgreSQL URL for Prefect (default SQLite).",
+        ),
+    ] = None,
+    mlflow_backend_uri: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GPUFLOW_MLFLOW_BACKEND_URI", help="MLflow backend store URL (default SQLite)."
+        ),
+    ] = None,
+    mlflow_artifacts: Annotated[
+        str | None, typer.Option(help="MLflow artifact destination (e.g. s3://bucket/mlflow).")
+    ] = None,
+    no_deploy: Annotated[
+        bool, typer.Option("--no-deploy", help="Skip `prefect deploy --all`.")
+    ] = False,
 ) -> None:
     """Start a local control plane: Prefect server, MLflow server, work pool, Blocks, deployments, workers."""
     from pydantic import SecretStr
@@ -541,11 +636,15 @@ def up_cmd(
 
     with console.status("gpuflow up") as status:
         plane = controlplane.up(
-            project_dir or _default_project_dir(), prefect_port=prefect_port, mlflow_port=mlflow_port,
-            workers=workers, node_workers=tuple(node_worker or ()),
+            project_dir or _default_project_dir(),
+            prefect_port=prefect_port,
+            mlflow_port=mlflow_port,
+            workers=workers,
+            node_workers=tuple(node_worker or ()),
             prefect_database_url=SecretStr(prefect_database_url) if prefect_database_url else None,
             mlflow_backend_uri=SecretStr(mlflow_backend_uri) if mlflow_backend_uri else None,
-            mlflow_artifacts=mlflow_artifacts, deploy=not no_deploy,
+            mlflow_artifacts=mlflow_artifacts,
+            deploy=not no_deploy,
             report=lambda msg: status.update(f"gpuflow up: {msg}"),
         )
     table = Table(title="gpuflow control plane")
@@ -559,7 +658,10 @@ def up_cmd(
     for s in plane.services:
         table.add_row(s.name, f"pid {s.pid}, log {s.log}")
     console.print(table)
-    console.print("use it from a shell:  " + "  ".join(f"export {k}={v}" for k, v in plane.client_env().items()))
+    console.print(
+        "use it from a shell:  "
+        + "  ".join(f"export {k}={v}" for k, v in plane.client_env().items())
+    )
 
 
 @app.command("down")

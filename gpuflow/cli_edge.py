@@ -87,9 +87,11 @@ def _fleet(nodes: int, fleet_block: str | None, speed: list[float] | None, link:
 
 
 def plan_table(summary: dict, model: str) -> Table:
-    table = Table(title=f"{model}: {summary['num_cut_points']} cut points, "
-                  f"{summary['total_ms']:.2f} ms profiled (batch {summary['batch']})",
-                  header_style="bold")
+    table = Table(
+        title=f"{model}: {summary['num_cut_points']} cut points, "
+        f"{summary['total_ms']:.2f} ms profiled (batch {summary['batch']})",
+        header_style="bold",
+    )
     for col in ("split", "shard", "node", "ends at", "compute ms", "transfer ms", "weights MB"):
         table.add_column(col, justify="left" if col in ("split", "node", "ends at") else "right")
     for key, label in (("dp", "DP"), ("equal_ops", "equal ops")):
@@ -98,8 +100,11 @@ def plan_table(summary: dict, model: str) -> Table:
         for shard in plan["shards"]:
             table.add_row(
                 f"{label} (balance {plan['balance']:.2f})" if shard["index"] == 0 else "",
-                str(shard["index"]), shard["node"], ends[shard["index"]],
-                f"{shard['compute_ms']:.3f}", f"{shard['transfer_ms']:.3f}",
+                str(shard["index"]),
+                shard["node"],
+                ends[shard["index"]],
+                f"{shard['compute_ms']:.3f}",
+                f"{shard['transfer_ms']:.3f}",
                 f"{shard['weight_bytes'] / 1e6:.1f}",
             )
     return table
@@ -135,7 +140,9 @@ def plan_cmd(
             exported = export_model(model, work)
             status.update(f"profiling {model} ({runs} runs)")
             profile = profile_nodes(
-                exported.onnx_path, exported.sample_inputs(), runs=runs,
+                exported.onnx_path,
+                exported.sample_inputs(),
+                runs=runs,
                 intra_op_threads=fleet.nodes[0].intra_op_threads,
             )
             status.update("planning")
@@ -144,8 +151,13 @@ def plan_cmd(
             if out:
                 status.update(f"packaging into {out}")
                 package_plan(
-                    exported.onnx_path, result.cuts, result.dp, out / "shards",
-                    source_model=model, opset=exported.opset, segment_ms=result.segment_ms,
+                    exported.onnx_path,
+                    result.cuts,
+                    result.dp,
+                    out / "shards",
+                    source_model=model,
+                    opset=exported.opset,
+                    segment_ms=result.segment_ms,
                 )
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -174,7 +186,12 @@ def deploy_cmd(
 
     fleet = _fleet(nodes, fleet_block, speed, link_mb_s)
     result = edge_deploy(
-        model=model, shards=shards, fleet=fleet, name=name, mode=mode, atol=atol  # type: ignore[arg-type]
+        model=model,
+        shards=shards,
+        fleet=fleet,
+        name=name,
+        mode=mode,
+        atol=atol,  # type: ignore[arg-type]
     )
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
@@ -220,10 +237,15 @@ def status_cmd(
         shards = ", ".join(f"{s['node']}@{s['address']}" for s in row["shards"]) or "-"
         check = row["check"] or {}
         table.add_row(
-            row["name"], row["version"] + (" *" if row["current"] else ""), row["status"],
-            row["model"], row["mode"], f"{alive}/{len(row['shards'])} alive: {shards}",
-            "-" if not check else ("ok" if check["passed"] else "FAILED")
-            + f" {check['max_abs_diff']:.1e}",
+            row["name"],
+            row["version"] + (" *" if row["current"] else ""),
+            row["status"],
+            row["model"],
+            row["mode"],
+            f"{alive}/{len(row['shards'])} alive: {shards}",
+            "-"
+            if not check
+            else ("ok" if check["passed"] else "FAILED") + f" {check['max_abs_diff']:.1e}",
             row["note"],
         )
     console.print(table)
@@ -240,5 +262,7 @@ def teardown_cmd(
 
     stopped = teardown(name, version)
     total = sum(n for _, n in stopped)
-    console.print(f"stopped {total} shard process(es) of {name}: "
-                  + (", ".join(f"{v} ({n})" for v, n in stopped) or "none were running"))
+    console.print(
+        f"stopped {total} shard process(es) of {name}: "
+        + (", ".join(f"{v} ({n})" for v, n in stopped) or "none were running")
+    )

@@ -38,17 +38,35 @@ def _fmt(v: Any, digits: int = 3) -> str:
 def comparison_table(summary: dict[str, Any]) -> Table:
     """Test-split figures of every model (the monitor threshold and the val-tuned one)."""
     table = Table(title="health model vs baselines, test split")
-    for col in ("model", "threshold", "precision", "recall", "hbm", "thermal", "xid79",
-                "ecc-unc.", "FA/1000 dev-days", "PR-AUC", "lead p50 min"):
+    for col in (
+        "model",
+        "threshold",
+        "precision",
+        "recall",
+        "hbm",
+        "thermal",
+        "xid79",
+        "ecc-unc.",
+        "FA/1000 dev-days",
+        "PR-AUC",
+        "lead p50 min",
+    ):
         table.add_column(col, justify="left" if col == "model" else "right")
     for key, suffix in (("test_at_monitor_threshold", ""), ("test_at_tuned_threshold", " (tuned)")):
         for name, r in summary[key].items():
             c = r["by_class"]
             lead = r.get("lead_p50_s")
             table.add_row(
-                name + suffix, _fmt(r["threshold"], 2), _fmt(r["precision"]), _fmt(r["recall"]),
-                *(_fmt(c[k]["recall"], 2) for k in ("hbm", "thermal", "xid79", "ecc-uncorrectable")),
-                _fmt(r["fa_per_1000_device_days"], 2), _fmt(r["pr_auc"]),
+                name + suffix,
+                _fmt(r["threshold"], 2),
+                _fmt(r["precision"]),
+                _fmt(r["recall"]),
+                *(
+                    _fmt(c[k]["recall"], 2)
+                    for k in ("hbm", "thermal", "xid79", "ecc-uncorrectable")
+                ),
+                _fmt(r["fa_per_1000_device_days"], 2),
+                _fmt(r["pr_auc"]),
                 _fmt(lead / 60 if isinstance(lead, float) and not math.isnan(lead) else None, 1),
             )
     return table
@@ -56,11 +74,15 @@ def comparison_table(summary: dict[str, Any]) -> Table:
 
 @app.command("train")
 def train_cmd(
-    quick: Annotated[bool, typer.Option(help="Small fleet, tiny LSTM: seconds, not minutes.")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="Small fleet, tiny LSTM: seconds, not minutes.")
+    ] = False,
     nodes: Annotated[int | None, typer.Option(help="Nodes in the simulated fleet history.")] = None,
     days: Annotated[float | None, typer.Option(help="Days of history.")] = None,
     epochs: Annotated[int | None, typer.Option(help="LSTM epochs.")] = None,
-    threshold: Annotated[float, typer.Option(help="Monitor threshold the test figures use.")] = 0.85,
+    threshold: Annotated[
+        float, typer.Option(help="Monitor threshold the test figures use.")
+    ] = 0.85,
     register: Annotated[bool, typer.Option(help="Register the model and move the alias.")] = True,
     cache: Annotated[bool, typer.Option(help="Reuse a cached history under GPUFLOW_HOME.")] = True,
 ) -> None:
@@ -81,14 +103,25 @@ def train_cmd(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     try:
-        result = health_train(history=history, training=training, quick=quick,
-                              threshold=threshold, register_model=register, cache=cache)
+        result = health_train(
+            history=history,
+            training=training,
+            quick=quick,
+            threshold=threshold,
+            register_model=register,
+            cache=cache,
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     console.print(comparison_table(result["summary"]))
-    console.print(f"MLflow run {result['run_id']}"
-                  + (f"; registered {result['registry_uri']} (v{result['model_version']})"
-                     if "registry_uri" in result else ""))
+    console.print(
+        f"MLflow run {result['run_id']}"
+        + (
+            f"; registered {result['registry_uri']} (v{result['model_version']})"
+            if "registry_uri" in result
+            else ""
+        )
+    )
 
 
 def _model(model: str | None):
@@ -102,7 +135,9 @@ def _model(model: str | None):
 
 @app.command("score")
 def score_cmd(
-    model: Annotated[str | None, typer.Option(help="MLflow model URI or 'rules'; default champion.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="MLflow model URI or 'rules'; default champion.")
+    ] = None,
     top: Annotated[int, typer.Option(help="Show the riskiest N devices.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -133,24 +168,40 @@ def monitor_cmd(
     rounds: Annotated[int, typer.Option(help="Samples of every device to take.")] = 12,
     interval: Annotated[float, typer.Option(help="Seconds between samples (>= 5).")] = 5.0,
     threshold: Annotated[float, typer.Option(help="Emit at or above this risk.")] = 0.85,
-    model: Annotated[str | None, typer.Option(help="MLflow model URI or 'rules'; default champion.")] = None,
-    fast_forward: Annotated[bool, typer.Option(help="Twin only: advance its clock, don't sleep.")] = False,
+    model: Annotated[
+        str | None, typer.Option(help="MLflow model URI or 'rules'; default champion.")
+    ] = None,
+    fast_forward: Annotated[
+        bool, typer.Option(help="Twin only: advance its clock, don't sleep.")
+    ] = False,
 ) -> None:
     """Run the `monitor` flow here: sample, score, emit gpuflow.device.health-risk events."""
     from gpuflow.flows.monitor import monitor
 
-    with Progress(TextColumn("monitor"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console) as bar:
+    with Progress(
+        TextColumn("monitor"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err_console,
+    ) as bar:
         job = bar.add_task("monitor", total=rounds)
         try:
-            result = monitor(rounds=rounds, interval_s=interval, threshold=threshold,
-                             model_uri=model, fast_forward=fast_forward)
+            result = monitor(
+                rounds=rounds,
+                interval_s=interval,
+                threshold=threshold,
+                model_uri=model,
+                fast_forward=fast_forward,
+            )
         except ValueError as exc:
             raise _fail(str(exc)) from None
         bar.update(job, completed=rounds)
-    console.print(f"{result['devices']} devices, {result['rounds']} rounds, model {result['model']}: "
-                  f"{len(result['emitted'])} events emitted, {len(result['open_incidents'])} "
-                  "incidents open")
+    console.print(
+        f"{result['devices']} devices, {result['rounds']} rounds, model {result['model']}: "
+        f"{len(result['emitted'])} events emitted, {len(result['open_incidents'])} "
+        "incidents open"
+    )
     for e in result["emitted"]:
         console.print(f"  event {e['event_id']} {e['device']} risk {e['risk']:.3f} ({e['reason']})")
 
@@ -170,16 +221,29 @@ def status_cmd() -> None:
     try:
         mv = client.get_model_version_by_alias(REGISTERED_MODEL, CHAMPION_ALIAS)
     except MlflowException:
-        console.print(f"no champion: {REGISTERED_MODEL}@{CHAMPION_ALIAS} is not registered "
-                      "(`gpuflow health train`); the monitor uses the threshold rules")
+        console.print(
+            f"no champion: {REGISTERED_MODEL}@{CHAMPION_ALIAS} is not registered "
+            "(`gpuflow health train`); the monitor uses the threshold rules"
+        )
     else:
         metrics = client.get_run(mv.run_id).data.metrics
-        table = Table(title=f"{REGISTERED_MODEL}@{CHAMPION_ALIAS} = v{mv.version} (run {mv.run_id})")
+        table = Table(
+            title=f"{REGISTERED_MODEL}@{CHAMPION_ALIAS} = v{mv.version} (run {mv.run_id})"
+        )
         table.add_column("test-split metric")
         table.add_column("value", justify="right")
-        for key in ("lstm_pr_auc", "lstm_precision", "lstm_recall", "lstm_fa_per_1000_device_days",
-                    "tuned_lstm_precision", "tuned_lstm_recall", "threshold_lstm",
-                    "gbt_pr_auc", "rules_precision", "rules_recall"):
+        for key in (
+            "lstm_pr_auc",
+            "lstm_precision",
+            "lstm_recall",
+            "lstm_fa_per_1000_device_days",
+            "tuned_lstm_precision",
+            "tuned_lstm_recall",
+            "threshold_lstm",
+            "gbt_pr_auc",
+            "rules_precision",
+            "rules_recall",
+        ):
             if key in metrics:
                 table.add_row(key, f"{metrics[key]:.4f}")
         console.print(table)
@@ -189,6 +253,7 @@ def status_cmd() -> None:
         table.add_column(col)
     for key, inc in sorted(book.open.items()):
         since = datetime.fromtimestamp(inc["opened_s"], UTC).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(key, inc.get("sku", ""), f"{inc['risk']:.3f}", inc["reason"], since,
-                      inc["event_id"])
+        table.add_row(
+            key, inc.get("sku", ""), f"{inc['risk']:.3f}", inc["reason"], since, inc["event_id"]
+        )
     console.print(table)

@@ -46,14 +46,23 @@ def _history(device: str | None) -> None:
     for inc in Ledger(inventory.url).incidents(uuid):
         last = inc.timeline[-1]["what"] if inc.timeline else ""
         jobs = ", ".join(f"{j}:{o.get('status', '?')}" for j, o in inc.jobs.items()) or "-"
-        table.add_row(inc.incident_id, inc.device, inc.trigger, inc.status,
-                      _when(inc.created_at_s), jobs, last)
+        table.add_row(
+            inc.incident_id,
+            inc.device,
+            inc.trigger,
+            inc.status,
+            _when(inc.created_at_s),
+            jobs,
+            last,
+        )
     console.print(table)
 
 
 def _show(result: dict[str, Any]) -> None:
-    head = (f"{result['device']} ({result.get('sku', '?')}): {result.get('status')}"
-            f" - incident {result.get('incident_id', '-')}")
+    head = (
+        f"{result['device']} ({result.get('sku', '?')}): {result.get('status')}"
+        f" - incident {result.get('incident_id', '-')}"
+    )
     if result.get("duplicate"):
         head += f" (repeat signal: {result['duplicate']})"
     console.print(head)
@@ -65,8 +74,14 @@ def _show(result: dict[str, Any]) -> None:
     for col in ("job", "status", "checkpoint", "how", "now on", "detail"):
         table.add_column(col)
     for job_id, o in result.get("jobs", {}).items():
-        table.add_row(job_id, o.get("status", ""), o.get("checkpoint_id") or "-",
-                      o.get("checkpoint_how", ""), o.get("target") or "-", o.get("detail", ""))
+        table.add_row(
+            job_id,
+            o.get("status", ""),
+            o.get("checkpoint_id") or "-",
+            o.get("checkpoint_how", ""),
+            o.get("target") or "-",
+            o.get("detail", ""),
+        )
     console.print(table if result.get("jobs") else "no jobs on the device")
     for owner in result.get("unmanaged", []):
         console.print(f"left alone (not a gpuflow job): {owner}")
@@ -86,10 +101,18 @@ def _show(result: dict[str, Any]) -> None:
 def remediate_cmd(
     ctx: typer.Context,
     device: Annotated[str | None, typer.Option("--device", "-d", help="NODE:INDEX")] = None,
-    reason: Annotated[str, typer.Option(help="Why (recorded on the cordon and timeline).")] = "operator request",
-    isolate: Annotated[str, typer.Option(help="Cordon the 'device' or its whole 'node'.")] = "device",
-    checkpoint_timeout_s: Annotated[float, typer.Option(help="How long a job gets to checkpoint.")] = 120.0,
-    notify_block: Annotated[str | None, typer.Option(help="Notification block, <type-slug>/<name>.")] = None,
+    reason: Annotated[
+        str, typer.Option(help="Why (recorded on the cordon and timeline).")
+    ] = "operator request",
+    isolate: Annotated[
+        str, typer.Option(help="Cordon the 'device' or its whole 'node'.")
+    ] = "device",
+    checkpoint_timeout_s: Annotated[
+        float, typer.Option(help="How long a job gets to checkpoint.")
+    ] = 120.0,
+    notify_block: Annotated[
+        str | None, typer.Option(help="Notification block, <type-slug>/<name>.")
+    ] = None,
     cluster_block: Annotated[str | None, typer.Option(help="A saved GpuCluster block.")] = None,
     history: Annotated[bool, typer.Option("--history", help="List incidents instead.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -109,8 +132,14 @@ def remediate_cmd(
         from gpuflow.tasks.remediation.steps import RemediationPolicy
 
         policy = RemediationPolicy(isolate=isolate, checkpoint_timeout_s=checkpoint_timeout_s)
-        result = remediate(device=device, reason=reason, trigger="manual", policy=policy,
-                           notify_block=notify_block, cluster_block=cluster_block)
+        result = remediate(
+            device=device,
+            reason=reason,
+            trigger="manual",
+            policy=policy,
+            notify_block=notify_block,
+            cluster_block=cluster_block,
+        )
     except InvalidRequestError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

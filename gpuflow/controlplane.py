@@ -112,7 +112,9 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: P
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise ControlPlaneError(f"{url} never came up: the process exited ({proc.returncode}):\n{tail}")
+            raise ControlPlaneError(
+                f"{url} never came up: the process exited ({proc.returncode}):\n{tail}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback URL we built
                 if resp.status == 200:
@@ -123,27 +125,45 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: P
     raise ControlPlaneError(f"{url} did not answer within {timeout_s:.0f} s (log: {log})")
 
 
-def _start(name: str, argv: list[str], env: dict[str, str], logs: Path, cwd: Path) -> tuple[subprocess.Popen[bytes], Service]:
+def _start(
+    name: str, argv: list[str], env: dict[str, str], logs: Path, cwd: Path
+) -> tuple[subprocess.Popen[bytes], Service]:
     log = logs / f"{name}.log"
     out = log.open("ab")
     proc = subprocess.Popen(  # noqa: S603 - argv list of our own console scripts
-        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=env, cwd=str(cwd), start_new_session=True,
+        argv,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=str(cwd),
+        start_new_session=True,
     )
     out.close()
     started = _proc_start(proc.pid)
     return proc, Service(
-        name=name, pid=proc.pid, argv=argv, log=str(log), start_ticks=started[0] if started else None
+        name=name,
+        pid=proc.pid,
+        argv=argv,
+        log=str(log),
+        start_ticks=started[0] if started else None,
     )
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path, what: str, timeout_s: float = 300) -> str:
     done = subprocess.run(  # noqa: S603 - argv list of our own console scripts
-        argv, env=env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout_s,
+        argv,
+        env=env,
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
         stdin=subprocess.DEVNULL,
     )
     if done.returncode != 0:
-        raise ControlPlaneError(f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise ControlPlaneError(
+            f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return done.stdout
 
 
@@ -190,10 +210,14 @@ def up(
     home = gpuflow_home()
     existing = read_state(home)
     if existing and any(_alive(s) for s in existing.services):
-        raise InvalidRequestError(f"a control plane is already up (see {state_path(home)}); run `gpuflow down` first")
+        raise InvalidRequestError(
+            f"a control plane is already up (see {state_path(home)}); run `gpuflow down` first"
+        )
     project_dir = project_dir.resolve()
     if not (project_dir / "prefect.yaml").is_file():
-        raise InvalidRequestError(f"{project_dir} has no prefect.yaml; pass --project-dir with the gpuflow checkout")
+        raise InvalidRequestError(
+            f"{project_dir} has no prefect.yaml; pass --project-dir with the gpuflow checkout"
+        )
     if workers < 0:
         raise InvalidRequestError(f"workers must be >= 0, got {workers}")
     bad = [n for n in node_workers if not n or not all(c.isalnum() or c in "-_." for c in n)]
@@ -206,67 +230,176 @@ def up(
     mlflow_dir.mkdir(parents=True, exist_ok=True)
 
     plane = ControlPlane(
-        home=str(home), project_dir=str(project_dir),
+        home=str(home),
+        project_dir=str(project_dir),
         prefect_api_url=f"http://127.0.0.1:{prefect_port}/api",
         prefect_ui_url=f"http://127.0.0.1:{prefect_port}",
-        mlflow_url=f"http://127.0.0.1:{mlflow_port}", pool=POOL,
+        mlflow_url=f"http://127.0.0.1:{mlflow_port}",
+        pool=POOL,
     )
     base_env = {**os.environ, **plane.client_env(), "PREFECT_HOME": str(home / "prefect")}
     procs: list[subprocess.Popen[bytes]] = []
 
-    def launch(name: str, argv: list[str], env: dict[str, str], url: str | None = None) -> subprocess.Popen[bytes]:
+    def launch(
+        name: str, argv: list[str], env: dict[str, str], url: str | None = None
+    ) -> subprocess.Popen[bytes]:
         proc, service = _start(name, argv, env, logs, project_dir)
         service.url = url
         procs.append(proc)
         plane.services.append(service)
-        state_path(home).write_text(json.dumps(plane.to_dict(), indent=2))  # down can always clean up
+        state_path(home).write_text(
+            json.dumps(plane.to_dict(), indent=2)
+        )  # down can always clean up
         return proc
 
     try:
         report("starting Prefect server")
-        server_env = {**base_env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": plane.prefect_api_url}
+        server_env = {
+            **base_env,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_API_URL": plane.prefect_api_url,
+        }
         server_env.pop("PREFECT_API_URL")
         if prefect_database_url:
-            server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = prefect_database_url.get_secret_value()
-        proc = launch("prefect-server", [_bin("prefect"), "server", "start", "--host", "127.0.0.1",
-                                         "--port", str(prefect_port)], server_env, plane.prefect_ui_url)
+            server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = (
+                prefect_database_url.get_secret_value()
+            )
+        proc = launch(
+            "prefect-server",
+            [
+                _bin("prefect"),
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(prefect_port),
+            ],
+            server_env,
+            plane.prefect_ui_url,
+        )
         _wait_http(f"{plane.prefect_api_url}/health", 180, proc, logs / "prefect-server.log")
 
         report("starting MLflow tracking server")
-        backend = (mlflow_backend_uri.get_secret_value() if mlflow_backend_uri
-                   else f"sqlite:///{mlflow_dir / 'mlflow.db'}")
+        backend = (
+            mlflow_backend_uri.get_secret_value()
+            if mlflow_backend_uri
+            else f"sqlite:///{mlflow_dir / 'mlflow.db'}"
+        )
         artifacts = mlflow_artifacts or (mlflow_dir / "artifacts").as_uri()
         # MLflow's server-side job runner (six queue consumers) serves nothing gpuflow uses.
         mlflow_env = {**base_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        proc = launch("mlflow-server", [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                                        "--backend-store-uri", backend, "--artifacts-destination", artifacts,
-                                        "--workers", "1"], mlflow_env, plane.mlflow_url)
+        proc = launch(
+            "mlflow-server",
+            [
+                _bin("mlflow"),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(mlflow_port),
+                "--backend-store-uri",
+                backend,
+                "--artifacts-destination",
+                artifacts,
+                "--workers",
+                "1",
+            ],
+            mlflow_env,
+            plane.mlflow_url,
+        )
         _wait_http(f"{plane.mlflow_url}/health", 180, proc, logs / "mlflow-server.log")
 
         report(f"creating work pool {POOL}")
         prefect = _bin("prefect")
-        _run([prefect, "--no-prompt", "work-pool", "create", POOL, "--type", "process", "--overwrite"],
-             base_env, project_dir, "creating the work pool")
+        _run(
+            [
+                prefect,
+                "--no-prompt",
+                "work-pool",
+                "create",
+                POOL,
+                "--type",
+                "process",
+                "--overwrite",
+            ],
+            base_env,
+            project_dir,
+            "creating the work pool",
+        )
         report("registering and saving Blocks")
-        _run([prefect, "--no-prompt", "block", "register", "-m", "gpuflow.blocks"], base_env, project_dir, "registering blocks")
-        _run([sys.executable, "-m", "gpuflow.controlplane_blocks"], base_env, project_dir, "saving default blocks")
+        _run(
+            [prefect, "--no-prompt", "block", "register", "-m", "gpuflow.blocks"],
+            base_env,
+            project_dir,
+            "registering blocks",
+        )
+        _run(
+            [sys.executable, "-m", "gpuflow.controlplane_blocks"],
+            base_env,
+            project_dir,
+            "saving default blocks",
+        )
         if deploy:
             report("applying every deployment of prefect.yaml")
-            _run([prefect, "--no-prompt", "deploy", "--all"], base_env, project_dir, "prefect deploy --all", 600)
+            _run(
+                [prefect, "--no-prompt", "deploy", "--all"],
+                base_env,
+                project_dir,
+                "prefect deploy --all",
+                600,
+            )
             plane.deployments = deployment_names(project_dir)
         for i in range(workers):
             report(f"starting worker {i + 1}/{workers}")
-            launch(f"worker-{i + 1}", [prefect, "worker", "start", "--pool", POOL, "--name", f"gpuflow-worker-{i + 1}",
-                                       "--work-queue", "default"], base_env)
+            launch(
+                f"worker-{i + 1}",
+                [
+                    prefect,
+                    "worker",
+                    "start",
+                    "--pool",
+                    POOL,
+                    "--name",
+                    f"gpuflow-worker-{i + 1}",
+                    "--work-queue",
+                    "default",
+                ],
+                base_env,
+            )
         for node in node_workers:
             # A worker that owns one node: it takes runs from that node's queue only, and
             # the train flow refuses a placement on another node (GPUFLOW_NODE).
             report(f"starting the worker of node {node}")
-            _run([prefect, "--no-prompt", "work-queue", "create", node_queue_name(node), "--pool", POOL],
-                 base_env, project_dir, f"creating the work queue of node {node}")
-            launch(f"worker-{node}", [prefect, "worker", "start", "--pool", POOL, "--name", f"gpuflow-{node}",
-                                      "--work-queue", node_queue_name(node)],
-                   {**base_env, "GPUFLOW_NODE": node})
+            _run(
+                [
+                    prefect,
+                    "--no-prompt",
+                    "work-queue",
+                    "create",
+                    node_queue_name(node),
+                    "--pool",
+                    POOL,
+                ],
+                base_env,
+                project_dir,
+                f"creating the work queue of node {node}",
+            )
+            launch(
+                f"worker-{node}",
+                [
+                    prefect,
+                    "worker",
+                    "start",
+                    "--pool",
+                    POOL,
+                    "--name",
+                    f"gpuflow-{node}",
+                    "--work-queue",
+                    node_queue_name(node),
+                ],
+                {**base_env, "GPUFLOW_NODE": node},
+            )
         time.sleep(1.0)
         dead = [s.name for s, p in zip(plane.services, procs, strict=True) if p.poll() is not None]
         if dead:
@@ -331,4 +464,7 @@ def status(home: Path | None = None) -> list[dict[str, Any]]:
     plane = read_state(home)
     if plane is None:
         return []
-    return [{"name": s.name, "pid": s.pid, "alive": _alive(s), "url": s.url, "log": s.log} for s in plane.services]
+    return [
+        {"name": s.name, "pid": s.pid, "alive": _alive(s), "url": s.url, "log": s.log}
+        for s in plane.services
+    ]

@@ -42,14 +42,21 @@ def run_demo(console: Console) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     started = time.perf_counter()
     try:
-        console.print(Panel.fit(
-            "gpuflow tour on the digital twin (a mixed fleet: A100, V100, Hygon DCU)\n"
-            f"state: {home}",
-            title="gpuflow demo",
-        ))
+        console.print(
+            Panel.fit(
+                "gpuflow tour on the digital twin (a mixed fleet: A100, V100, Hygon DCU)\n"
+                f"state: {home}",
+                title="gpuflow demo",
+            )
+        )
         steps: list[tuple[str, Callable[[], Any]]] = []
         from gpuflow.hardware.inventory import Inventory
-        from gpuflow.hardware.partition_plan import apply_plan, export_layout, load_plan, plan_layouts
+        from gpuflow.hardware.partition_plan import (
+            apply_plan,
+            export_layout,
+            load_plan,
+            plan_layouts,
+        )
         from gpuflow.hardware.placement import LayoutError
         from gpuflow.hardware.sim import SimBackend
         from gpuflow.tasks.fleet import fleet_rows
@@ -85,9 +92,13 @@ def run_demo(console: Console) -> dict[str, Any]:
             from gpuflow.tasks.training.spec import TrainSpec
 
             # The byte-level LM of DESIGN.md section 5, kept short for the tour.
-            spec = TrainSpec(job_id="tour-compare", model="byte-lm", steps=40, checkpoint_interval=40)
+            spec = TrainSpec(
+                job_id="tour-compare", model="byte-lm", steps=40, checkpoint_interval=40
+            )
             results["compare"] = compare_precision(
-                spec, candidates=["auto"], device=DeviceRequest(sku="a100-40gb"),
+                spec,
+                candidates=["auto"],
+                device=DeviceRequest(sku="a100-40gb"),
                 storage=CheckpointStorage(),
             )
 
@@ -101,7 +112,9 @@ def run_demo(console: Console) -> dict[str, Any]:
             from gpuflow.tasks.edge.deploy import teardown
 
             try:
-                results["edge"] = edge_deploy(model="resnet18-digits", shards=3, measure_requests=20)
+                results["edge"] = edge_deploy(
+                    model="resnet18-digits", shards=3, measure_requests=20
+                )
             finally:
                 teardown("resnet18-digits")  # the tour leaves no shard server running
 
@@ -114,7 +127,10 @@ def run_demo(console: Console) -> dict[str, Any]:
             ("edge deploy: slice resnet18-digits over 3 loopback nodes", edge),
         ]
         with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
             console=console,
         ) as progress:
             overall = progress.add_task("tour", total=len(steps))
@@ -137,11 +153,14 @@ def run_demo(console: Console) -> dict[str, Any]:
         auto = results["compare"]["rows"][0]
         console.print(comparison_table(results["compare"]["rows"]))
         fault = results["fault"]
-        console.print(Panel.fit(
-            "\n".join(f"{k}: {v}" for k, v in fault.items() if k != "timeline")
-            + "\ntimeline: " + " -> ".join(fault.get("timeline", [])),
-            title="predicted fault and its remediation",
-        ))
+        console.print(
+            Panel.fit(
+                "\n".join(f"{k}: {v}" for k, v in fault.items() if k != "timeline")
+                + "\ntimeline: "
+                + " -> ".join(fault.get("timeline", [])),
+                title="predicted fault and its remediation",
+            )
+        )
         edge = results["edge"]
         console.print(
             f"edge: {len(edge['addresses'])} shards at {', '.join(edge['addresses'])}, cut at "
@@ -165,9 +184,9 @@ def run_demo(console: Console) -> dict[str, Any]:
             mlflow_parent_run=results["compare"]["parent_run_id"],
             seconds=round(time.perf_counter() - started, 1),
         )
-        console.print(Panel.fit(
-            "\n".join(f"{k}: {v}" for k, v in summary.items()), title="tour summary"
-        ))
+        console.print(
+            Panel.fit("\n".join(f"{k}: {v}" for k, v in summary.items()), title="tour summary")
+        )
         console.print(
             "where to look: `gpuflow up` starts the Prefect UI (flow runs, artifacts) and the "
             "MLflow UI (experiments gpuflow-compare-precision, gpuflow-train, gpuflow-edge); "

@@ -43,7 +43,8 @@ def health_status(sample: TelemetrySample) -> HealthStatus:
     if sample.temperature_c > HOT_TEMPERATURE_C:
         warn.append(f"{sample.temperature_c:.0f} C")
     throttles = [
-        r for r in sample.clock_event_reasons
+        r
+        for r in sample.clock_event_reasons
         if r in ("HwSlowdown", "HwThermalSlowdown", "SwThermalSlowdown", "HwPowerBrakeSlowdown")
     ]
     if throttles:

@@ -41,7 +41,9 @@ def _profile(profiles: Sequence[PartitionProfile], name: str, device: str) -> Pa
         if p.name == name:
             return p
     known = ", ".join(p.name for p in profiles) or "none"
-    raise LayoutError(device, "unknown-profile", f"profile {name!r} is not offered (offered: {known})")
+    raise LayoutError(
+        device, "unknown-profile", f"profile {name!r} is not offered (offered: {known})"
+    )
 
 
 def fit_mig(
@@ -63,19 +65,22 @@ def fit_mig(
     for p in mig:
         if counts[p.name] > p.max_count:
             raise LayoutError(
-                device, "max-count",
+                device,
+                "max-count",
                 f"{counts[p.name]} x {p.name} requested, at most {p.max_count} per device",
             )
     compute = sum(p.compute_slices for p in wanted) + sum(o.compute_slices for o in existing)
     if compute > MIG_COMPUTE_SLICES:
         raise LayoutError(
-            device, "compute-slices",
+            device,
+            "compute-slices",
             f"layout needs {compute} compute slices, the device has {MIG_COMPUTE_SLICES}",
         )
     memory = sum(p.placement_size for p in wanted) + sum(o.size for o in existing)
     if memory > MIG_MEMORY_SLICES:
         raise LayoutError(
-            device, "memory-slices",
+            device,
+            "memory-slices",
             f"layout needs {memory} memory slices, the device has {MIG_MEMORY_SLICES}",
         )
     used = [False] * MIG_MEMORY_SLICES
@@ -94,9 +99,12 @@ def fit_mig(
     for i, (r, p) in enumerate(zip(requests, wanted, strict=True)):
         if r.placement_start is None:
             continue
-        if r.placement_start not in p.placement_starts or not free(r.placement_start, p.placement_size):
+        if r.placement_start not in p.placement_starts or not free(
+            r.placement_start, p.placement_size
+        ):
             raise LayoutError(
-                device, "placement",
+                device,
+                "placement",
                 f"{p.name} cannot start at memory slice {r.placement_start} "
                 f"(legal starts {list(p.placement_starts)}, or the slices are taken)",
             )
@@ -151,13 +159,18 @@ def fit_vdcu(
         if r.profile != "vdcu":
             raise LayoutError(device, "unknown-profile", f"profile {r.profile!r} is not a vDCU")
         if r.compute_units is None or r.compute_units < 1:
-            raise LayoutError(device, "compute-units", f"a vDCU needs >= 1 compute unit, got {r.compute_units}")
+            raise LayoutError(
+                device, "compute-units", f"a vDCU needs >= 1 compute unit, got {r.compute_units}"
+            )
         if r.memory_mb is None or r.memory_mb < 1:
-            raise LayoutError(device, "memory", f"a vDCU needs >= 1 MiB of memory, got {r.memory_mb}")
+            raise LayoutError(
+                device, "memory", f"a vDCU needs >= 1 MiB of memory, got {r.memory_mb}"
+            )
     cus = sum(r.compute_units or 0 for r in requests)
     if cus > compute_units_total:
         raise LayoutError(
-            device, "compute-units",
+            device,
+            "compute-units",
             f"vDCUs need {cus} compute units, the DCU has {compute_units_total}",
         )
     mem = sum(r.memory_mb or 0 for r in requests)

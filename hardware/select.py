@@ -41,7 +41,10 @@ def resolve_backend_name(name: str | None = None) -> tuple[str, str]:
     ok_h, why_h = hygon.HygonBackend.available()
     if ok_h:
         return "hygon", f"auto: NVML unavailable ({why}); hy-smi found"
-    return "sim", f"auto: NVML unavailable ({why}); hy-smi unavailable ({why_h}); using the digital twin"
+    return (
+        "sim",
+        f"auto: NVML unavailable ({why}); hy-smi unavailable ({why_h}); using the digital twin",
+    )
 
 
 def get_backend(name: str | None = None, spec_path: Path | None = None) -> Backend:

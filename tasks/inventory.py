@@ -34,6 +34,9 @@ sync_inventory_task = task(
     sync_inventory, name="sync-inventory", retries=2, retry_delay_seconds=2, cache_policy=NONE
 )
 collect_node_telemetry_task = task(
-    collect_node_telemetry, name="collect-telemetry", retries=2, retry_delay_seconds=2,
+    collect_node_telemetry,
+    name="collect-telemetry",
+    retries=2,
+    retry_delay_seconds=2,
     cache_policy=NONE,
 )

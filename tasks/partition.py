@@ -18,7 +18,9 @@ from gpuflow.hardware.partition_plan import (
 )
 
 
-def validate_plan(cluster: GpuCluster, plan_path: str, config: str, nodes: list[str] | None) -> list[str]:
+def validate_plan(
+    cluster: GpuCluster, plan_path: str, config: str, nodes: list[str] | None
+) -> list[str]:
     """Validate the whole plan against every device first; return the nodes it selects."""
     plan = load_plan(Path(plan_path))
     layouts = plan_layouts(cluster.get_backend(), plan, config, nodes=nodes)
@@ -59,15 +61,27 @@ def layout_rows(cluster: GpuCluster, nodes: list[str]) -> list[dict[str, Any]]:
         for dev in node.devices:
             parts = backend.partitions(node.name, dev.index)
             if not parts:
-                rows.append({"node": node.name, "index": dev.index, "sku": dev.sku,
-                             "partition": "-", "memory_mb": dev.memory_total_mb, "placement": "-"})
+                rows.append(
+                    {
+                        "node": node.name,
+                        "index": dev.index,
+                        "sku": dev.sku,
+                        "partition": "-",
+                        "memory_mb": dev.memory_total_mb,
+                        "placement": "-",
+                    }
+                )
             for p in parts:
-                rows.append({
-                    "node": node.name, "index": dev.index, "sku": dev.sku,
-                    "partition": p.profile if p.kind == "mig" else f"vdcu {p.compute_units}cu",
-                    "memory_mb": p.memory_mb,
-                    "placement": "-" if p.placement_start is None else p.placement_start,
-                })
+                rows.append(
+                    {
+                        "node": node.name,
+                        "index": dev.index,
+                        "sku": dev.sku,
+                        "partition": p.profile if p.kind == "mig" else f"vdcu {p.compute_units}cu",
+                        "memory_mb": p.memory_mb,
+                        "placement": "-" if p.placement_start is None else p.placement_start,
+                    }
+                )
     return rows
 
 

@@ -52,7 +52,9 @@ class StepMetricsLogger:
     def log(self, step: int, metrics: dict[str, float | None]) -> None:
         ts = int(time.time() * 1000)
         self._buffer.extend(
-            Metric(key, float(value), ts, step) for key, value in metrics.items() if value is not None
+            Metric(key, float(value), ts, step)
+            for key, value in metrics.items()
+            if value is not None
         )
         if len(self._buffer) >= self.flush_every * max(1, len(metrics)):
             self.flush()

@@ -13,7 +13,9 @@ DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
 
 @pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
-def test_deployment_entrypoint_and_parameters(deployment: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deployment_entrypoint_and_parameters(
+    deployment: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(ROOT)
     flow = load_flow_from_entrypoint(deployment["entrypoint"])
     assert flow.name == deployment["name"]

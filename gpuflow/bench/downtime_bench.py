@@ -69,8 +69,13 @@ def _measured_predictor(metrics: dict[str, float], name: str, prefix: str = "") 
     if any(math.isnan(v) for v in lead):
         lead = (600.0, 1200.0, 1800.0)
     fa = float(metrics.get(f"{key}_fa_per_1000_device_days", 0.0))
-    return Predictor(name if not prefix else f"{name}-tuned", recall,
-                     0.0 if math.isnan(fa) else fa, lead, "measured")  # type: ignore[arg-type]
+    return Predictor(
+        name if not prefix else f"{name}-tuned",
+        recall,
+        0.0 if math.isnan(fa) else fa,
+        lead,
+        "measured",
+    )  # type: ignore[arg-type]
 
 
 def health_measurements() -> tuple[dict[str, float], str | None]:
@@ -84,8 +89,9 @@ def health_measurements() -> tuple[dict[str, float], str | None]:
         exp = client.get_experiment_by_name(HEALTH_EXPERIMENT)
         if exp is None:
             return {}, None
-        for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"],
-                                      max_results=20):
+        for run in client.search_runs(
+            [exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=20
+        ):
             if "lstm_recall" in run.data.metrics:
                 return dict(run.data.metrics), run.info.run_id
     except Exception:  # noqa: BLE001 - no store, no run: fall back to assumptions
@@ -105,10 +111,12 @@ def predictors(cfg: FleetConfig) -> tuple[list[Predictor], dict[str, str]]:
             sources[name] = f"measured: gpuflow-health run {run_id}"
             continue
         recall, precision, lead = ASSUMED[name]
-        out.append(Predictor(name, recall, false_alarm_rate_for(precision, recall, cfg), lead,
-                             "assumed"))
-        sources[name] = (f"assumed (no health evaluation in MLflow): recall {recall}, "
-                         f"precision {precision}")
+        out.append(
+            Predictor(name, recall, false_alarm_rate_for(precision, recall, cfg), lead, "assumed")
+        )
+        sources[name] = (
+            f"assumed (no health evaluation in MLflow): recall {recall}, precision {precision}"
+        )
     tuned = _measured_predictor(metrics, "lstm", prefix="tuned_")
     if tuned is not None:
         out.append(tuned)
@@ -118,12 +126,18 @@ def predictors(cfg: FleetConfig) -> tuple[list[Predictor], dict[str, str]]:
 
 
 def _fmt(row: dict[str, float], key: str, scale: float = 1.0, digits: int = 1) -> str:
-    return (f"{row[key] * scale:.{digits}f} [{row[key + '_lo'] * scale:.{digits}f}, "
-            f"{row[key + '_hi'] * scale:.{digits}f}]")
+    return (
+        f"{row[key] * scale:.{digits}f} [{row[key + '_lo'] * scale:.{digits}f}, "
+        f"{row[key + '_hi'] * scale:.{digits}f}]"
+    )
 
 
-def _plots(table: dict[str, dict[str, float]], sweep: dict[str, dict[float, tuple]], cfg: FleetConfig,
-           folder: Path) -> list[Path]:
+def _plots(
+    table: dict[str, dict[str, float]],
+    sweep: dict[str, dict[float, tuple]],
+    cfg: FleetConfig,
+    folder: Path,
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,11 +146,15 @@ def _plots(table: dict[str, dict[str, float]], sweep: dict[str, dict[float, tupl
     names = list(table)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     gpu = cfg.gpus_per_job
-    for ax, key, label, scale in ((axes[0], "unplanned_h", "unplanned downtime, GPU-h / fleet-year", gpu),
-                                  (axes[1], "ettr", "ETTR", 1.0)):
+    for ax, key, label, scale in (
+        (axes[0], "unplanned_h", "unplanned downtime, GPU-h / fleet-year", gpu),
+        (axes[1], "ettr", "ETTR", 1.0),
+    ):
         mean = [table[n][key] * scale for n in names]
-        err = [[(table[n][key] - table[n][f"{key}_lo"]) * scale for n in names],
-               [(table[n][f"{key}_hi"] - table[n][key]) * scale for n in names]]
+        err = [
+            [(table[n][key] - table[n][f"{key}_lo"]) * scale for n in names],
+            [(table[n][f"{key}_hi"] - table[n][key]) * scale for n in names],
+        ]
         ax.bar(names, mean, yerr=err, capsize=4, color="#4c72b0")
         ax.set_ylabel(label)
         ax.tick_params(axis="x", rotation=20)
@@ -150,10 +168,17 @@ def _plots(table: dict[str, dict[str, float]], sweep: dict[str, dict[float, tupl
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, points in sweep.items():
         xs = sorted(points)
-        ax.errorbar(xs, [points[x][0] * 100 for x in xs],
-                    yerr=[[(points[x][0] - points[x][1]) * 100 for x in xs],
-                          [(points[x][2] - points[x][0]) * 100 for x in xs]],
-                    marker="o", capsize=3, label=name)
+        ax.errorbar(
+            xs,
+            [points[x][0] * 100 for x in xs],
+            yerr=[
+                [(points[x][0] - points[x][1]) * 100 for x in xs],
+                [(points[x][2] - points[x][0]) * 100 for x in xs],
+            ],
+            marker="o",
+            capsize=3,
+            label=name,
+        )
     ax.axhline(SEED_CLAIM * 100, color="grey", ls="--", label="seed claim 67 %")
     ax.set_xlabel("share of failures with precursors")
     ax.set_ylabel("unplanned downtime reduction vs reactive, %")
@@ -165,29 +190,48 @@ def _plots(table: dict[str, dict[str, float]], sweep: dict[str, dict[float, tupl
     return [bars, curve]
 
 
-def _log_mlflow(result: dict[str, Any], table: dict[str, dict[str, float]],
-                plots: list[Path], cfg: FleetConfig, seeds: int) -> str:
+def _log_mlflow(
+    result: dict[str, Any],
+    table: dict[str, dict[str, float]],
+    plots: list[Path],
+    cfg: FleetConfig,
+    seeds: int,
+) -> str:
     import mlflow
 
     from gpuflow.tasks.tracking import use_experiment
 
     exp = use_experiment(EXPERIMENT)
-    params = {**{k: str(v) for k, v in dataclasses.asdict(cfg).items() if k != "hazard"},
-              **{f"hazard.{k}": str(v) for k, v in dataclasses.asdict(cfg.hazard).items()},
-              "seeds": str(seeds)}
+    params = {
+        **{k: str(v) for k, v in dataclasses.asdict(cfg).items() if k != "hazard"},
+        **{f"hazard.{k}": str(v) for k, v in dataclasses.asdict(cfg.hazard).items()},
+        "seeds": str(seeds),
+    }
     with mlflow.start_run(experiment_id=exp, run_name="downtime-study") as parent:
         mlflow.log_params(params)
-        mlflow.set_tags({"gpuflow.capability": "downtime",
-                         **{f"gpuflow.source.{k}": v[:250] for k, v in result["sources"].items()}})
+        mlflow.set_tags(
+            {
+                "gpuflow.capability": "downtime",
+                **{f"gpuflow.source.{k}": v[:250] for k, v in result["sources"].items()},
+            }
+        )
         flat: dict[str, float] = {}
         for name, row in table.items():
             key = name.replace("-", "_")
-            for metric in ("ettr", "ettr_lo", "ettr_hi", "reduction", "reduction_lo", "reduction_hi"):
+            for metric in (
+                "ettr",
+                "ettr_lo",
+                "ettr_hi",
+                "reduction",
+                "reduction_lo",
+                "reduction_hi",
+            ):
                 if metric in row and not math.isnan(row[metric]):
                     flat[f"{metric}_{key}"] = row[metric]
             for metric in ("unplanned_h", "unplanned_h_lo", "unplanned_h_hi"):
                 flat[f"{metric.replace('unplanned_h', 'unplanned_gpu_h')}_{key}"] = (
-                    row[metric] * cfg.gpus_per_job)
+                    row[metric] * cfg.gpus_per_job
+                )
         for key, value in result["precursor sweep"].items():
             flat["sweep_" + key.replace(" ", "_").replace("=", "").replace("-", "_")] = value
         mlflow.log_metrics(flat)
@@ -224,7 +268,11 @@ def run(quick: bool = False, report: Report = print) -> dict[str, Any]:
         t = summarize(simulate(dataclasses.replace(cfg, precursor_share=share), preds, sweep_seeds))
         for name in (p.name for p in preds if p.name != "reactive"):
             row = t[name]
-            sweep.setdefault(name, {})[share] = (row["reduction"], row["reduction_lo"], row["reduction_hi"])
+            sweep.setdefault(name, {})[share] = (
+                row["reduction"],
+                row["reduction_lo"],
+                row["reduction_hi"],
+            )
             sweep_flat[f"{name} p={share:.1f}"] = round(row["reduction"], 4)
             sweep_flat[f"{name} p={share:.1f} lo"] = round(row["reduction_lo"], 4)
             sweep_flat[f"{name} p={share:.1f} hi"] = round(row["reduction_hi"], 4)
@@ -258,25 +306,37 @@ def run(quick: bool = False, report: Report = print) -> dict[str, Any]:
             section["reduction vs reactive"] = round(row["reduction"], 4)
             section["reduction 95% CI"] = f"[{row['reduction_lo']:.3f}, {row['reduction_hi']:.3f}]"
             section["one fleet-year alone (95% of years)"] = (
-                f"[{row['single_year_p2_5']:.2f}, {row['single_year_p97_5']:.2f}]")
+                f"[{row['single_year_p2_5']:.2f}, {row['single_year_p97_5']:.2f}]"
+            )
         result[name] = section
     big_gpu = big.gpus_per_job
     result["1024-GPU job"] = {
         "checkpoint interval T, h": round(big.young_daly_s() / 3600, 2),
         "failures/yr": round(big_table["reactive"]["failures"], 1),
         **{f"ETTR {n}": round(r["ettr"], 4) for n, r in big_table.items()},
-        **{f"unplanned GPU-h/yr {n}": round(r["unplanned_h"] * big_gpu, 0) for n, r in big_table.items()},
-        **{f"reduction {n}": round(r["reduction"], 4) for n, r in big_table.items() if "reduction" in r},
+        **{
+            f"unplanned GPU-h/yr {n}": round(r["unplanned_h"] * big_gpu, 0)
+            for n, r in big_table.items()
+        },
+        **{
+            f"reduction {n}": round(r["reduction"], 4)
+            for n, r in big_table.items()
+            if "reduction" in r
+        },
     }
     result["precursor sweep"] = sweep_flat
     lstm = table["lstm"]
     result["seed claim: 67 % less unplanned downtime"] = {
         "lstm reduction": round(lstm["reduction"], 4),
         "lstm 95% CI": f"[{lstm['reduction_lo']:.3f}, {lstm['reduction_hi']:.3f}]",
-        "claim inside the lstm CI": bool(lstm["reduction_lo"] <= SEED_CLAIM <= lstm["reduction_hi"]),
+        "claim inside the lstm CI": bool(
+            lstm["reduction_lo"] <= SEED_CLAIM <= lstm["reduction_hi"]
+        ),
         "oracle reduction (ceiling)": round(table["oracle"]["reduction"], 4),
         "precursor share needed by the oracle": _share_for(sweep.get("oracle", {}), SEED_CLAIM),
-        "abrupt classes": ", ".join(ABRUPT_KINDS) + " (no precursor: " + ", ".join(PRECURSOR_KINDS)
+        "abrupt classes": ", ".join(ABRUPT_KINDS)
+        + " (no precursor: "
+        + ", ".join(PRECURSOR_KINDS)
         + " have one)",
     }
     report("MLflow")

@@ -86,8 +86,13 @@ def _start(
     name = f"bench-{tag}"
     version = new_version(name)
     packaged = package_plan(
-        exported.onnx_path, result.cuts, result.dp, name_dir(name) / version / "shards",
-        source_model=exported.model_name, opset=exported.opset, version=version,
+        exported.onnx_path,
+        result.cuts,
+        result.dp,
+        name_dir(name) / version / "shards",
+        source_model=exported.model_name,
+        opset=exported.opset,
+        version=version,
         segment_ms=result.segment_ms,
     )
     deployment = Deployment(name, version, exported.model_name, mode, "new")  # type: ignore[arg-type]
@@ -156,7 +161,9 @@ def _bench_model(
             report(f"{model}: pipelined throughput, round {round_ + 1}/3")
             for config in configs:
                 in_flight = max(2, 2 * config.k)
-                run = run_pipelined(config.infer, [sample] * max(requests, 2 * in_flight), in_flight)
+                run = run_pipelined(
+                    config.infer, [sample] * max(requests, 2 * in_flight), in_flight
+                )
                 config.throughputs_rps.append(run.throughput_rps)
                 config.pipelined_p50_s.append(run.latency_percentile_s(50))
     finally:

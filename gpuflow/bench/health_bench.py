@@ -40,10 +40,18 @@ def synthetic_round(n: int, t_s: float, rng: np.random.Generator) -> list[Teleme
     xid_dev = set(rng.choice(n, max(1, n // 1000), replace=False).tolist())
     return [
         TelemetrySample(
-            node=f"n{i // 8:05d}", index=i % 8, timestamp_s=t_s, present=True,
-            temperature_c=float(temp[i]), power_mw=int(power[i]), energy_mj=0,
-            utilization_ratio=float(util[i]), memory_used_mb=int(util[i] * 30_000),
-            memory_total_mb=40_960, sm_clock_mhz=1410, power_limit_mw=400_000,
+            node=f"n{i // 8:05d}",
+            index=i % 8,
+            timestamp_s=t_s,
+            present=True,
+            temperature_c=float(temp[i]),
+            power_mw=int(power[i]),
+            energy_mj=0,
+            utilization_ratio=float(util[i]),
+            memory_used_mb=int(util[i] * 30_000),
+            memory_total_mb=40_960,
+            sm_clock_mhz=1410,
+            power_limit_mw=400_000,
             ecc_corrected_total=int(ecc[i]),
             clock_event_reasons=("SwPowerCap",) if power[i] > 390_000 else (),
             xids=(63,) if i in xid_dev else (),
@@ -53,7 +61,9 @@ def synthetic_round(n: int, t_s: float, rng: np.random.Generator) -> list[Teleme
 
 
 def bench_scoring(
-    n_devices: int = DEVICES, rounds: int = 5, hidden: int | None = None,
+    n_devices: int = DEVICES,
+    rounds: int = 5,
+    hidden: int | None = None,
     report: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Time the monitor's per-round work for ``n_devices`` on one core."""
@@ -71,8 +81,13 @@ def bench_scoring(
             for k in range(model.window):  # one sample per bucket fills the windows
                 fw.update(synthetic_round(n_devices, t0 + k * BUCKET_S, rng), clocks)
             t = t0 + (model.window - 1) * BUCKET_S
-            parts: dict[str, list[float]] = {"update": [], "windows": [], "predict": [],
-                                             "round": [], "closing_round": []}
+            parts: dict[str, list[float]] = {
+                "update": [],
+                "windows": [],
+                "predict": [],
+                "round": [],
+                "closing_round": [],
+            }
             for r in range(rounds):
                 report(f"scoring round {r + 1}/{rounds}")
                 for closing in (False, True):
@@ -140,23 +155,42 @@ def run(quick: bool = False, report: Callable[[str], None] = print) -> dict[str,
     outcome = train_and_evaluate(hc, tc, progress=lambda m, f: report(f"training: {m}"))
     recorded = log_outcome(outcome, register=False, run_name="bench-health")
     s = outcome.summary()
-    keep = ("threshold", "precision", "recall", "recall_precursor_classes", "recall_abrupt_classes",
-            "fa_per_1000_device_days", "pr_auc", "alert_rate", "lead_p10_s", "lead_p50_s",
-            "lead_p90_s", "failures", "detected")
+    keep = (
+        "threshold",
+        "precision",
+        "recall",
+        "recall_precursor_classes",
+        "recall_abrupt_classes",
+        "fa_per_1000_device_days",
+        "pr_auc",
+        "alert_rate",
+        "lead_p10_s",
+        "lead_p50_s",
+        "lead_p90_s",
+        "failures",
+        "detected",
+    )
     figures = {
         f"{name}{suffix}": {k: r[k] for k in keep if k in r}
         | {f"recall_{c}": m["recall"] for c, m in r["by_class"].items()}
-        for key, suffix in (("test_at_monitor_threshold", ""), ("test_at_tuned_threshold", "_tuned"))
+        for key, suffix in (
+            ("test_at_monitor_threshold", ""),
+            ("test_at_tuned_threshold", "_tuned"),
+        )
         for name, r in s[key].items()
     }
     return {
         "machine": machine,
         "scoring": scoring,
-        "history": {k: s["history"][k] for k in ("devices", "days", "failures", "failures_by_class",
-                                                  "generate_s")}
+        "history": {
+            k: s["history"][k]
+            for k in ("devices", "days", "failures", "failures_by_class", "generate_s")
+        }
         | {"test": s["history"]["splits"]["test"]},
-        "lstm": {k: s["lstm"][k] for k in ("train_windows", "epochs_run", "val_pr_auc", "train_s",
-                                           "parameters")},
+        "lstm": {
+            k: s["lstm"][k]
+            for k in ("train_windows", "epochs_run", "val_pr_auc", "train_s", "parameters")
+        },
         "test_split": figures,
         "thresholds": s["thresholds"],
         "timings_s": s["timings_s"],

@@ -34,7 +34,10 @@ def machine() -> dict[str, Any]:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         pass
-    model = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), platform.processor())
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")),
+        platform.processor(),
+    )
     return {
         "cpu": model,
         "cores": os.cpu_count(),
@@ -57,13 +60,20 @@ def flow_overhead(steps: int, root: Path) -> dict[str, Any]:
     from gpuflow.blocks.checkpoint_storage import CheckpointStorage
     from gpuflow.flows.train import train
 
-    spec = TrainSpec(job_id="bench-bare", model="byte-lm", steps=steps, checkpoint_interval=steps, precision="fp32")
+    spec = TrainSpec(
+        job_id="bench-bare",
+        model="byte-lm",
+        steps=steps,
+        checkpoint_interval=steps,
+        precision="fp32",
+    )
     _bare(spec.model_copy(update={"job_id": "bench-warmup", "steps": 5}), root)  # warm caches
     bare = _bare(spec, root)
     t0 = time.perf_counter()
     out = train(
         spec.model_copy(update={"job_id": "bench-flow"}),
-        storage=CheckpointStorage(path=str(root)), log_model=False,
+        storage=CheckpointStorage(path=str(root)),
+        log_model=False,
     )
     flow_total_s = time.perf_counter() - t0
     return {
@@ -81,8 +91,14 @@ def precision_speedup(steps: int, root: Path) -> dict[str, Any]:
     """fp32 vs auto vs fixed bf16 on byte-lm, same seed and data, one after another."""
     results = {}
     for policy in ("fp32", "auto", "bf16"):
-        spec = TrainSpec(job_id=f"bench-{policy}", model="byte-lm", steps=steps,
-                         checkpoint_interval=steps, precision=policy, seed=0)
+        spec = TrainSpec(
+            job_id=f"bench-{policy}",
+            model="byte-lm",
+            steps=steps,
+            checkpoint_interval=steps,
+            precision=policy,
+            seed=0,
+        )
         results[policy] = _bare(spec, root).to_dict()
     rows = {r["policy"]: r for r in compare_results(results, threshold=0.005)}
     return {

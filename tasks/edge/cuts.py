@@ -255,7 +255,5 @@ def live_tensor_counts(model: onnx.ModelProto) -> list[int]:
             born.setdefault(o, i)
     counts = []
     for i in range(len(order)):
-        counts.append(
-            sum(1 for t in dynamic if born.get(t, len(order)) <= i < last_use.get(t, -1))
-        )
+        counts.append(sum(1 for t in dynamic if born.get(t, len(order)) <= i < last_use.get(t, -1)))
     return counts

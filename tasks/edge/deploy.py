@@ -244,7 +244,11 @@ def _start_one(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         process = subprocess.Popen(  # noqa: S603 (argv list built here, no shell)
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,  # outlives the command that deployed it, no stray SIGINT
         )
     if node.cpus and not shutil.which("taskset"):

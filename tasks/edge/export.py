@@ -226,8 +226,17 @@ def export_model(
 
 def _cache_key(model_name: str, seed: int, opset: int, overrides: dict | None) -> str:
     blob = json.dumps(
-        [model_name, seed, opset, overrides or {}, torch.__version__, onnx.__version__,
-         "bn-calibrated", CALIBRATION_BATCHES, CALIBRATION_BATCH_SIZE],
+        [
+            model_name,
+            seed,
+            opset,
+            overrides or {},
+            torch.__version__,
+            onnx.__version__,
+            "bn-calibrated",
+            CALIBRATION_BATCHES,
+            CALIBRATION_BATCH_SIZE,
+        ],
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -249,8 +258,8 @@ def cached_export(
     """
     from gpuflow.hardware.home import gpuflow_home
 
-    cache = gpuflow_home() / "cache" / "edge-exports" / _cache_key(
-        model_name, seed, opset, overrides
+    cache = (
+        gpuflow_home() / "cache" / "edge-exports" / _cache_key(model_name, seed, opset, overrides)
     )
     if not (cache / EXPORT_INFO_FILE).is_file():
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")

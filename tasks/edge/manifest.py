@@ -139,9 +139,7 @@ class ShardManifest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not _NAME_RE.match(self.model_name):
-            raise ManifestError(
-                f"model_name must match [A-Za-z0-9_.-]+, got {self.model_name!r}"
-            )
+            raise ManifestError(f"model_name must match [A-Za-z0-9_.-]+, got {self.model_name!r}")
         if not isinstance(self.num_shards, int) or self.num_shards < 1:
             raise ManifestError(f"num_shards must be a positive int, got {self.num_shards!r}")
         if not isinstance(self.shard_index, int) or not 0 <= self.shard_index < self.num_shards:

@@ -87,7 +87,9 @@ def check_reachable(node: EdgeNode, timeout_s: float = 2.0) -> None:
                     f"(not an address of this machine); a remote node needs its own "
                     f"work pool"
                 ) from None
-            raise NodeUnreachableError(f"node {node.name!r}: cannot use {node.host}: {exc}") from None
+            raise NodeUnreachableError(
+                f"node {node.name!r}: cannot use {node.host}: {exc}"
+            ) from None
 
 
 def is_loopback(host: str) -> bool:

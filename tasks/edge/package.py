@@ -104,9 +104,7 @@ def package_plan(
             onnx.utils.extract_model(
                 str(onnx_path), str(shard_path), [in_spec.name], [out_spec.name]
             )
-        cost = (
-            sum(segment_ms[shard.first_segment : shard.stop_segment]) if segment_ms else None
-        )
+        cost = sum(segment_ms[shard.first_segment : shard.stop_segment]) if segment_ms else None
         manifest = ShardManifest(
             model_name=shard_model_name(source_model, shard.index),
             shard_index=shard.index,

@@ -85,9 +85,7 @@ def profile_nodes(
         options = session_options(intra_op_threads)
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "profile")
-        session = ort.InferenceSession(
-            str(onnx_path), options, providers=["CPUExecutionProvider"]
-        )
+        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         for _ in range(warmup + runs):
             session.run(None, inputs)
         events = json.loads(Path(session.end_profiling()).read_text())
@@ -107,9 +105,7 @@ def _summarise(
         key=lambda e: e["ts"],
     )
     if len(model_runs) != warmup + runs:
-        raise RuntimeError(
-            f"profiler recorded {len(model_runs)} runs, expected {warmup + runs}"
-        )
+        raise RuntimeError(f"profiler recorded {len(model_runs)} runs, expected {warmup + runs}")
     measured = model_runs[warmup:]
     windows = [(e["ts"], e["ts"] + e["dur"]) for e in measured]
     per_run: list[dict[str, float]] = [{} for _ in measured]
@@ -128,7 +124,9 @@ def _summarise(
     return NodeProfile(node_ms, run_ms, runs, warmup, intra_op_threads, batch)
 
 
-def segment_costs_ms(profile: NodeProfile, node_names: list[str], segments: list[list[int]]) -> list[float]:
+def segment_costs_ms(
+    profile: NodeProfile, node_names: list[str], segments: list[list[int]]
+) -> list[float]:
     """Sum the profiled node costs of each segment (nodes the profiler never saw cost 0)."""
     return [sum(profile.node_ms.get(node_names[i], 0.0) for i in seg) for seg in segments]
 

@@ -46,7 +46,8 @@ def reference_outputs(
     optimised shards match the optimised whole model to ~1e-5.
     """
     session = ort.InferenceSession(
-        str(exported.onnx_path), session_options(1, optimize=True),
+        str(exported.onnx_path),
+        session_options(1, optimize=True),
         providers=["CPUExecutionProvider"],
     )
     return [session.run([exported.output_name], s)[0] for s in samples]
@@ -86,7 +87,10 @@ def check_chain(
             got = chain_infer(deployment, sample)
             if got.shape != want.shape:
                 return CheckResult(
-                    False, float("inf"), atol, samples,
+                    False,
+                    float("inf"),
+                    atol,
+                    samples,
                     f"chain output shape {got.shape} != whole model's {want.shape}",
                 )
             worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want))))
@@ -151,7 +155,8 @@ def measure_chain(
 def local_latency_ms(exported: ExportedModel, *, runs: int = 20, threads: int = 1) -> float:
     """Median in-process latency of the whole model (no serving), for scale."""
     session = ort.InferenceSession(
-        str(exported.onnx_path), session_options(threads, optimize=True),
+        str(exported.onnx_path),
+        session_options(threads, optimize=True),
         providers=["CPUExecutionProvider"],
     )
     x = exported.sample_inputs(batch=1, seed=7)

@@ -87,8 +87,12 @@ class GbtHealthModel:
 
     name = "gbt"
 
-    def __init__(self, clf: HistGradientBoostingClassifier, window: int,
-                 calibration: tuple[float, float] = (1.0, 0.0)) -> None:
+    def __init__(
+        self,
+        clf: HistGradientBoostingClassifier,
+        window: int,
+        calibration: tuple[float, float] = (1.0, 0.0),
+    ) -> None:
         self.clf = clf
         self.window = window
         self.feature_names = FEATURES
@@ -97,7 +101,9 @@ class GbtHealthModel:
     def raw_logits(self, windows: np.ndarray, batch: int = 200_000) -> np.ndarray:
         out = np.empty(len(windows), dtype=np.float64)
         for i in range(0, len(windows), batch):
-            out[i : i + batch] = self.clf.decision_function(summary_features(windows[i : i + batch]))
+            out[i : i + batch] = self.clf.decision_function(
+                summary_features(windows[i : i + batch])
+            )
         return out
 
     def predict_risk(self, windows: np.ndarray) -> np.ndarray:
@@ -127,7 +133,9 @@ def train_gbt(
         early_stopping=False,
         random_state=cfg.seed,
     )
-    clf.fit(summary_features(train.windows(idx)), y, sample_weight=np.where(y == 1, pos_weight, 1.0))
+    clf.fit(
+        summary_features(train.windows(idx)), y, sample_weight=np.where(y == 1, pos_weight, 1.0)
+    )
     model = GbtHealthModel(clf, history.config.window)
     val_y = val.labels(horizon_s)
     val_logits = model.raw_logits(val.windows())

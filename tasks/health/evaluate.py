@@ -155,10 +155,12 @@ def evaluate_scores(
         "false_alarms": false_alarms,
         "false_alarms_sampled": float(false_alarms_sampled),
         "fa_per_1000_device_days": false_alarms / split.device_days * 1000.0
-        if split.device_days > 0 else float("nan"),
+        if split.device_days > 0
+        else float("nan"),
         "pr_auc": weighted_ap(y, scores, split.weight),
         "alert_rate": float((split.weight * alarm).sum() / split.weight.sum())
-        if len(alarm) else float("nan"),
+        if len(alarm)
+        else float("nan"),
     }
     precursor = np.isin(split.fail_kind, ABRUPT_CLASSES, invert=True)
     metrics["recall_precursor_classes"] = (
@@ -215,14 +217,23 @@ def plot_pr_curves(results: list[EvalResult], path: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 5))
     for r in results:
         if len(r.pr_recall):
-            ax.step(r.pr_recall, r.pr_precision, where="post",
-                    label=f"{r.name} (PR-AUC {r.metrics['pr_auc']:.3f})")
+            ax.step(
+                r.pr_recall,
+                r.pr_precision,
+                where="post",
+                label=f"{r.name} (PR-AUC {r.metrics['pr_auc']:.3f})",
+            )
     for r in results:
         p, rc = r.metrics["precision"], r.metrics["recall"]
         if not (_isnan(p) or _isnan(rc)):
             ax.scatter([rc], [p], marker="o", zorder=3)
-            ax.annotate(f"{r.name} events @ {r.threshold:g}", (rc, p), fontsize=8,
-                        xytext=(4, 4), textcoords="offset points")
+            ax.annotate(
+                f"{r.name} events @ {r.threshold:g}",
+                (rc, p),
+                fontsize=8,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
     ax.set_xlabel("recall")
     ax.set_ylabel("precision")
     ax.set_xlim(0, 1.02)

@@ -240,15 +240,11 @@ class FleetWindows:
             self.n_done = np.concatenate([self.n_done, np.zeros(m, dtype=np.int64)])
             self.bucket_id = np.concatenate([self.bucket_id, np.full(m, -1, dtype=np.int64)])
             self.acc_n = np.concatenate([self.acc_n, np.zeros(m, dtype=np.int64)])
-            self.acc_means = np.concatenate(
-                [self.acc_means, np.zeros((m, len(_MEAN_CHANNELS)))]
-            )
+            self.acc_means = np.concatenate([self.acc_means, np.zeros((m, len(_MEAN_CHANNELS)))])
             self.acc_temp_max = np.concatenate([self.acc_temp_max, np.zeros(m)])
             self.acc_xids = np.concatenate([self.acc_xids, np.zeros((m, _N_XID_CLASSES))])
             self.acc_start = np.concatenate([self.acc_start, np.zeros((m, _N_COUNTERS))])
-            self.last_counters = np.concatenate(
-                [self.last_counters, np.zeros((m, _N_COUNTERS))]
-            )
+            self.last_counters = np.concatenate([self.last_counters, np.zeros((m, _N_COUNTERS))])
             self.last_flags = np.concatenate([self.last_flags, np.zeros((m, 2))])
             self.prev_temp = np.concatenate([self.prev_temp, np.full(m, np.nan)])
             self.last_ts = np.concatenate([self.last_ts, np.full(m, -np.inf)])
@@ -489,9 +485,19 @@ class FleetWindows:
             fw.keys = [(str(n), int(i)) for n, i in meta["keys"]]
             fw._row = {k: i for i, k in enumerate(fw.keys)}
             for name in (
-                "max_clock_mhz", "done", "n_done", "bucket_id", "acc_n", "acc_means",
-                "acc_temp_max", "acc_xids", "acc_start", "last_counters", "last_flags",
-                "prev_temp", "last_ts",
+                "max_clock_mhz",
+                "done",
+                "n_done",
+                "bucket_id",
+                "acc_n",
+                "acc_means",
+                "acc_temp_max",
+                "acc_xids",
+                "acc_start",
+                "last_counters",
+                "last_flags",
+                "prev_temp",
+                "last_ts",
             ):
                 setattr(fw, name, z[name].copy())
         return fw
@@ -510,4 +516,3 @@ class FleetWindows:
             if fw.window == window and fw.bucket_s == bucket_s:
                 return fw
         return cls(window, bucket_s)
-

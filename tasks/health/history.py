@@ -231,8 +231,9 @@ def build_fleet(cfg: HistoryConfig) -> list[Device]:
         for index in range(cfg.gpus_per_node):
             o = node_idx * cfg.gpus_per_node + index
             devices.append(
-                Device(o, f"n{node_idx:05d}", node_idx, index, sku_name, ambient, o in lemons,
-                       rates[o])
+                Device(
+                    o, f"n{node_idx:05d}", node_idx, index, sku_name, ambient, o in lemons, rates[o]
+                )
             )
     return devices
 
@@ -270,7 +271,9 @@ def _power_model(sku_name: str) -> physics.PowerModel:
 
 
 @functools.cache
-def steady_state(sku_name: str, ambient_c: float, u_idx: int) -> tuple[float, float, float, int, int]:
+def steady_state(
+    sku_name: str, ambient_c: float, u_idx: int
+) -> tuple[float, float, float, int, int]:
     """(temperature_c, power_mw, clock_mhz, thermal throttle 0/1, power cap 0/1) of a healthy
     device held at load ``u_idx * U_STEP`` long enough to settle (the twin's physics)."""
     s = lookup_sku(sku_name)
@@ -300,9 +303,7 @@ def _controls(s: SkuSpec, ambient_c: float, load: float, multiplier: float) -> p
     )
 
 
-def workload(
-    cfg: HistoryConfig, ordinal: int, t0: float, n: int
-) -> tuple[np.ndarray, np.ndarray]:
+def workload(cfg: HistoryConfig, ordinal: int, t0: float, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(utilization, memory share) of ``n`` buckets from ``t0``: alternating busy and idle
     stretches. A function of absolute time (drawn per device and day), so every segment
     that covers a bucket sees the same load there."""
@@ -566,20 +567,32 @@ class SplitData:
             if isinstance(v, np.ndarray):
                 out[prefix + k] = v
         out[prefix + "scalars"] = np.array(
-            [self.device_days, self.background_device_days, self.sampled_background_device_days,
-             self.window], dtype=np.float64
+            [
+                self.device_days,
+                self.background_device_days,
+                self.sampled_background_device_days,
+                self.window,
+            ],
+            dtype=np.float64,
         )
         return out
 
     @classmethod
     def from_arrays(cls, name: str, z: Any, prefix: str) -> SplitData:
         kw = {
-            k[len(prefix):]: z[k] for k in z.files
+            k[len(prefix) :]: z[k]
+            for k in z.files
             if k.startswith(prefix) and k != prefix + "scalars"
         }
         dd, bdd, sbdd, w = z[prefix + "scalars"]
-        return cls(name=name, device_days=float(dd), background_device_days=float(bdd),
-                   sampled_background_device_days=float(sbdd), window=int(w), **kw)
+        return cls(
+            name=name,
+            device_days=float(dd),
+            background_device_days=float(bdd),
+            sampled_background_device_days=float(sbdd),
+            window=int(w),
+            **kw,
+        )
 
 
 @dataclass
@@ -594,8 +607,11 @@ class History:
         arrays: dict[str, np.ndarray] = {}
         for name, sp in self.splits.items():
             arrays.update(sp.to_arrays(f"{name}__"))
-        meta = {"config": self.config.model_dump(mode="json"), "stats": self.stats,
-                "version": HISTORY_VERSION}
+        meta = {
+            "config": self.config.model_dump(mode="json"),
+            "stats": self.stats,
+            "version": HISTORY_VERSION,
+        }
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, **arrays)
@@ -606,8 +622,9 @@ class History:
         with np.load(Path(path), allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.get("version") != HISTORY_VERSION:
-                raise ValueError(f"{path}: history version {meta.get('version')!r}, "
-                                 f"expected {HISTORY_VERSION}")
+                raise ValueError(
+                    f"{path}: history version {meta.get('version')!r}, expected {HISTORY_VERSION}"
+                )
             splits = {s: SplitData.from_arrays(s, z, f"{s}__") for s in SPLITS}
         return cls(HistoryConfig(**meta["config"]), splits, meta["stats"])
 
@@ -752,7 +769,8 @@ def _build_split(
         row += seg.n
     buckets = (
         np.concatenate(bucket_parts).astype(np.float32)
-        if bucket_parts else np.zeros((0, N_FEATURES), np.float32)
+        if bucket_parts
+        else np.zeros((0, N_FEATURES), np.float32)
     )
     end_row = np.concatenate(end_rows) if end_rows else np.zeros(0, np.int64)
     seg_arr = np.concatenate(segs) if segs else np.zeros(0, np.int64)

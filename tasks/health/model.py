@@ -122,7 +122,9 @@ class HealthLSTM(nn.Module):
         mean = self.mean.numpy()
         for j in range(f):
             occluded[j, :, :, j] = mean[j]
-        drops = base[None, :] - self.predict_risk(occluded.reshape(f * n, *windows.shape[1:])).reshape(f, n)
+        drops = base[None, :] - self.predict_risk(
+            occluded.reshape(f * n, *windows.shape[1:])
+        ).reshape(f, n)
         out = []
         for i in range(n):
             order = np.argsort(-drops[:, i])[:k]
@@ -155,8 +157,12 @@ class TrainConfig:
 
     @classmethod
     def small(cls, **overrides: Any) -> TrainConfig:
-        base: dict[str, Any] = {"hidden": 16, "epochs": 3, "max_background": 5_000,
-                                "far_negatives_per_incident": 16}
+        base: dict[str, Any] = {
+            "hidden": 16,
+            "epochs": 3,
+            "max_background": 5_000,
+            "far_negatives_per_incident": 16,
+        }
         base.update(overrides)
         return cls(**base)
 
@@ -226,8 +232,10 @@ def train_lstm(
         train, val = history.splits["train"], history.splits["val"]
         idx, y = training_indices(train, horizon_s, cfg)
         if y.sum() == 0:
-            raise ValueError("the train split holds no positive window: a longer history or a "
-                             "larger fleet is needed")
+            raise ValueError(
+                "the train split holds no positive window: a longer history or a "
+                "larger fleet is needed"
+            )
         x = train.windows(idx)
         model = HealthLSTM(cfg.hidden, cfg.layers, history.config.window, BUCKET_S, horizon_s)
         mean, std = feature_stats(x)
@@ -259,8 +267,10 @@ def train_lstm(
             ap = weighted_ap(val_y, model.raw_logits(val_x), val.weight)
             ap = -math.inf if math.isnan(ap) else ap
             history_ap.append(ap)
-            say(f"epoch {epoch + 1}/{cfg.epochs}: loss {total / len(yt):.4f}, val PR-AUC {ap:.4f}",
-                (epoch + 1) / cfg.epochs)
+            say(
+                f"epoch {epoch + 1}/{cfg.epochs}: loss {total / len(yt):.4f}, val PR-AUC {ap:.4f}",
+                (epoch + 1) / cfg.epochs,
+            )
             if ap > best_ap:
                 best_ap, bad = ap, 0
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

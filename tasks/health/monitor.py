@@ -49,7 +49,11 @@ def validate_thresholds(threshold: float, clear_threshold: float | None) -> tupl
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     clear = threshold * CLEAR_RATIO if clear_threshold is None else clear_threshold
-    if isinstance(clear, bool) or not isinstance(clear, int | float) or not 0.0 <= clear <= threshold:
+    if (
+        isinstance(clear, bool)
+        or not isinstance(clear, int | float)
+        or not 0.0 <= clear <= threshold
+    ):
         raise ValueError(
             f"clear_threshold must be in [0, threshold={threshold}], got {clear_threshold!r}"
         )
@@ -135,8 +139,15 @@ def apply_round(
                 "sku": r.sku,
                 "top_features": r.top_features,
             }
-            report.emitted.append({"device": key, "event_id": event_id, "risk": r.risk,
-                                   "reason": r.reason, "top_features": r.top_features})
+            report.emitted.append(
+                {
+                    "device": key,
+                    "event_id": event_id,
+                    "risk": r.risk,
+                    "reason": r.reason,
+                    "top_features": r.top_features,
+                }
+            )
     # Devices that left the fleet (decommissioned, twin reset) close their incidents.
     for key in [k for k in book.open if k not in seen]:
         book.open.pop(key)
@@ -262,6 +273,7 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
 # -- Prefect tasks -----------------------------------------------------------------------------
 
 
-load_health_model_task = task(load_health_model, name="load-health-model", retries=2,
-                              retry_delay_seconds=2, cache_policy=NONE)
+load_health_model_task = task(
+    load_health_model, name="load-health-model", retries=2, retry_delay_seconds=2, cache_policy=NONE
+)
 run_monitor_task = task(run_monitor, name="monitor-rounds", cache_policy=NONE)

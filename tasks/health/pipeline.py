@@ -54,7 +54,8 @@ from gpuflow.tasks.health.model import (
 Progress = Callable[[str, float], None]
 # Calibrated risks of a 30-minute horizon are small: the grid is logarithmic below 0.1.
 TUNE_GRID = tuple(
-    float(x) for x in np.round(np.concatenate([np.logspace(-4, -1, 13), np.linspace(0.15, 0.95, 17)]), 6)
+    float(x)
+    for x in np.round(np.concatenate([np.logspace(-4, -1, 13), np.linspace(0.15, 0.95, 17)]), 6)
 )
 
 
@@ -73,8 +74,9 @@ def tune_threshold(
     """(threshold, event-level F1) maximizing F1 on ``split`` over TUNE_GRID."""
     best = (DEFAULT_THRESHOLD, -1.0)
     for t in TUNE_GRID:
-        m = evaluate_scores("tune", split, scores, float(t), horizon_s, lead_min_s,
-                            pr_curve=False).metrics
+        m = evaluate_scores(
+            "tune", split, scores, float(t), horizon_s, lead_min_s, pr_curve=False
+        ).metrics
         p, r = m["precision"], m["recall"]
         f1 = 0.0 if math.isnan(p) or math.isnan(r) or p + r == 0 else 2 * p * r / (p + r)
         if f1 > best[1]:
@@ -170,8 +172,11 @@ def train_and_evaluate(
         val, test = history.splits["val"], history.splits["test"]
         say("scoring the test split", 0.75)
         t = time.perf_counter()
-        test_scores = {"lstm": score_split(lstm, test), "gbt": score_split(gbt, test),
-                       "rules": score_split(RuleModel(test.window), test)}
+        test_scores = {
+            "lstm": score_split(lstm, test),
+            "gbt": score_split(gbt, test),
+            "rules": score_split(RuleModel(test.window), test),
+        }
         timings["score_test"] = time.perf_counter() - t
         val_scores = {"lstm": score_split(lstm, val), "gbt": score_split(gbt, val)}
     say("evaluating", 0.85)
@@ -183,20 +188,36 @@ def train_and_evaluate(
     tuned: dict[str, EvalResult] = {}
     for name in ("lstm", "gbt"):
         at[name] = evaluate_scores(name, test, test_scores[name], threshold, horizon_s, lead_min_s)
-        tuned[name] = evaluate_scores(name, test, test_scores[name], thresholds[name], horizon_s,
-                                      lead_min_s)
+        tuned[name] = evaluate_scores(
+            name, test, test_scores[name], thresholds[name], horizon_s, lead_min_s
+        )
     at["rules"] = evaluate_scores("rules", test, test_scores["rules"], 0.5, horizon_s, lead_min_s)
     rand = random_scores(test.n_windows, seed=tc.seed)
     for target, bucket in ((at, "lstm"), (tuned, "lstm")):
         rate = target[bucket].metrics["alert_rate"]
-        target["random"] = evaluate_scores("random", test, rand, random_threshold_for(rate),
-                                           horizon_s, lead_min_s)
-    at["oracle"] = evaluate_scores("oracle", test, oracle_scores(test, horizon_s), 0.5, horizon_s,
-                                   lead_min_s)
+        target["random"] = evaluate_scores(
+            "random", test, rand, random_threshold_for(rate), horizon_s, lead_min_s
+        )
+    at["oracle"] = evaluate_scores(
+        "oracle", test, oracle_scores(test, horizon_s), 0.5, horizon_s, lead_min_s
+    )
     timings["evaluate"] = time.perf_counter() - t
     say("done", 1.0)
-    return TrainingOutcome(hc, tc, gc, lstm, gbt, lstm_info, gbt_info, at, tuned, thresholds,
-                           history.stats, cached, timings)
+    return TrainingOutcome(
+        hc,
+        tc,
+        gc,
+        lstm,
+        gbt,
+        lstm_info,
+        gbt_info,
+        at,
+        tuned,
+        thresholds,
+        history.stats,
+        cached,
+        timings,
+    )
 
 
 # -- MLflow ------------------------------------------------------------------------------------
@@ -239,14 +260,20 @@ def log_outcome(
             tmp_p = Path(tmp)
             results = [outcome.at_threshold[k] for k in ("lstm", "gbt", "rules", "random")]
             plot_pr_curves(results, str(tmp_p / "pr_curve.png"))
-            plot_lead_times([outcome.at_threshold[k] for k in ("lstm", "gbt", "rules")],
-                            str(tmp_p / "lead_times.png"))
-            plot_pr_curves([outcome.tuned[k] for k in ("lstm", "gbt", "random")],
-                           str(tmp_p / "pr_curve_tuned.png"))
-            plot_lead_times([outcome.tuned[k] for k in ("lstm", "gbt")],
-                            str(tmp_p / "lead_times_tuned.png"))
-            (tmp_p / "summary.json").write_text(json.dumps(outcome.summary(), indent=2,
-                                                           default=_json_default))
+            plot_lead_times(
+                [outcome.at_threshold[k] for k in ("lstm", "gbt", "rules")],
+                str(tmp_p / "lead_times.png"),
+            )
+            plot_pr_curves(
+                [outcome.tuned[k] for k in ("lstm", "gbt", "random")],
+                str(tmp_p / "pr_curve_tuned.png"),
+            )
+            plot_lead_times(
+                [outcome.tuned[k] for k in ("lstm", "gbt")], str(tmp_p / "lead_times_tuned.png")
+            )
+            (tmp_p / "summary.json").write_text(
+                json.dumps(outcome.summary(), indent=2, default=_json_default)
+            )
             mlflow.log_artifacts(tmp, artifact_path="evaluation")
         model_info = mlflow.pytorch.log_model(
             outcome.lstm,
@@ -254,20 +281,29 @@ def log_outcome(
             serialization_format="pickle",  # a plain nn.Module of this package
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
-        mlflow.set_tags({
-            "gpuflow.capability": "health",
-            "gpuflow.window_buckets": str(outcome.lstm.window),
-            "gpuflow.horizon_s": str(outcome.lstm.horizon_s),
-            "gpuflow.tuned_threshold": str(outcome.thresholds["lstm"]),
-        })
+        mlflow.set_tags(
+            {
+                "gpuflow.capability": "health",
+                "gpuflow.window_buckets": str(outcome.lstm.window),
+                "gpuflow.horizon_s": str(outcome.lstm.horizon_s),
+                "gpuflow.tuned_threshold": str(outcome.thresholds["lstm"]),
+            }
+        )
     result: dict[str, Any] = {"run_id": run_id, "model_uri": model_info.model_uri}
     if register:
         mv = mlflow.register_model(model_info.model_uri, model_name)
         client.set_registered_model_alias(model_name, alias, mv.version)
-        client.set_model_version_tag(model_name, mv.version, "tuned_threshold",
-                                     str(outcome.thresholds["lstm"]))
-        result.update({"model_name": model_name, "model_version": str(mv.version),
-                       "alias": alias, "registry_uri": f"models:/{model_name}@{alias}"})
+        client.set_model_version_tag(
+            model_name, mv.version, "tuned_threshold", str(outcome.thresholds["lstm"])
+        )
+        result.update(
+            {
+                "model_name": model_name,
+                "model_version": str(mv.version),
+                "alias": alias,
+                "registry_uri": f"models:/{model_name}@{alias}",
+            }
+        )
     return result
 
 
@@ -284,5 +320,6 @@ def _json_default(o: Any) -> Any:
 
 load_history_task = task(load_or_generate, name="fleet-history", cache_policy=NONE)
 train_and_evaluate_task = task(train_and_evaluate, name="train-and-evaluate", cache_policy=NONE)
-log_outcome_task = task(log_outcome, name="record-in-mlflow", retries=2, retry_delay_seconds=2,
-                        cache_policy=NONE)
+log_outcome_task = task(
+    log_outcome, name="record-in-mlflow", retries=2, retry_delay_seconds=2, cache_policy=NONE
+)

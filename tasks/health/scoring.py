@@ -81,25 +81,34 @@ class FleetScorer:
                 sku = dev.sku if dev else ""
                 why = failure_reason(s)
                 if why is not None:
-                    out.append(DeviceRisk(
-                        s.node, s.index, sku, 1.0,
-                        {"ecc_uncorrected_total": float(s.ecc_uncorrected_total),
-                         "remap_failure": float(s.remapped_rows_failure)},
-                        why,
-                    ))
+                    out.append(
+                        DeviceRisk(
+                            s.node,
+                            s.index,
+                            sku,
+                            1.0,
+                            {
+                                "ecc_uncorrected_total": float(s.ecc_uncorrected_total),
+                                "remap_failure": float(s.remapped_rows_failure),
+                            },
+                            why,
+                        )
+                    )
                     continue
                 out.append(DeviceRisk(s.node, s.index, sku, float(risk[i]), reasons.get(i, {})))
         for lost in fleet.lost:
             d = lost.device
-            out.append(DeviceRisk(d.node, d.index, d.sku, 1.0, {"present": 0.0},
-                                  DEVICE_LOST_REASON))
+            out.append(
+                DeviceRisk(d.node, d.index, d.sku, 1.0, {"present": 0.0}, DEVICE_LOST_REASON)
+            )
         return out
 
 
 def max_clocks(sampler: TelemetrySampler, fleet: FleetSample) -> list[float]:
     return [
         sampler.max_clock_mhz(fleet.devices[(s.node, s.index)])
-        if (s.node, s.index) in fleet.devices else 0.0
+        if (s.node, s.index) in fleet.devices
+        else 0.0
         for s in fleet.samples
     ]
 
@@ -122,4 +131,3 @@ def score_fleet(
     sampler = sampler or TelemetrySampler(backend)
     fleet = sampler.sample_all()
     return scorer.score_round(fleet, max_clocks(sampler, fleet))
-

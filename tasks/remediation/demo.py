@@ -65,9 +65,16 @@ def predicted_fault_tour(
         cluster = GpuCluster(backend="sim")
         backend = cluster.get_backend()
         Inventory().sync(backend)
-        spec = TrainSpec(job_id="tour-remediate", model="llama-tiny", steps=steps,
-                         checkpoint_interval=max(steps // 6, 1), batch_size=2, seq_len=16,
-                         precision="fp32", eval_batches=1)
+        spec = TrainSpec(
+            job_id="tour-remediate",
+            model="llama-tiny",
+            steps=steps,
+            checkpoint_interval=max(steps // 6, 1),
+            batch_size=2,
+            seq_len=16,
+            precision="fp32",
+            eval_batches=1,
+        )
         going = threading.Event()
         control = Inventory()
 
@@ -82,8 +89,9 @@ def predicted_fault_tour(
                         return
                     time.sleep(0.1)
 
-        handle = RUNNER.start(spec, CheckpointStorage(), cluster, DeviceRequest(sku="a100-40gb"),
-                              step_hooks=(hold,))
+        handle = RUNNER.start(
+            spec, CheckpointStorage(), cluster, DeviceRequest(sku="a100-40gb"), step_hooks=(hold,)
+        )
         if not going.wait(120):
             raise InvalidRequestError("the tour's training job did not start")
         node, index = handle.segments[0].device.split(":")
@@ -93,11 +101,21 @@ def predicted_fault_tour(
         model, model_name = _health_model(WINDOW_BUCKETS)
         events: list[dict[str, Any]] = []
 
-        def emit(n: str, i: int, risk: float, features: dict[str, float], sku: str,
-                 reason: str = "model") -> str:
+        def emit(
+            n: str, i: int, risk: float, features: dict[str, float], sku: str, reason: str = "model"
+        ) -> str:
             event_id = emit_health_risk(n, i, risk, features, sku, reason=reason)
-            events.append({"node": n, "index": i, "risk": risk, "features": features, "sku": sku,
-                           "reason": reason, "event_id": event_id})
+            events.append(
+                {
+                    "node": n,
+                    "index": i,
+                    "risk": risk,
+                    "features": features,
+                    "sku": sku,
+                    "reason": reason,
+                    "event_id": event_id,
+                }
+            )
             return event_id
 
         rounds = 0
@@ -112,13 +130,19 @@ def predicted_fault_tour(
             raise InvalidRequestError(
                 f"the monitor ({model_name}) raised no event for {node}:{index} in {rounds} rounds"
             )
-        report(f"monitor ({model_name}): risk {ev['risk']:.2f} on {node}:{index} "
-               f"after {rounds} rounds ({rounds * 10} twin-minutes)")
+        report(
+            f"monitor ({model_name}): risk {ev['risk']:.2f} on {node}:{index} "
+            f"after {rounds} rounds ({rounds * 10} twin-minutes)"
+        )
         result = remediate(
             resource_id=resource_id_for(node, int(index)),
-            payload=health_risk_payload(node, int(index), ev["risk"], ev["features"], ev["sku"],
-                                        ev["reason"]),
-            event_id=ev["event_id"], trigger="predicted", notifier=notifier, cluster=cluster,
+            payload=health_risk_payload(
+                node, int(index), ev["risk"], ev["features"], ev["sku"], ev["reason"]
+            ),
+            event_id=ev["event_id"],
+            trigger="predicted",
+            notifier=notifier,
+            cluster=cluster,
         )
         finished = handle.wait(300)
         moved = result["jobs"].get(spec.job_id, {})
@@ -133,7 +157,8 @@ def predicted_fault_tour(
             "moved to": moved.get("target"),
             "checkpoint": moved.get("checkpoint_id"),
             "steps lost": (first.last_step or 0) - (last.resumed_from_step or 0)
-            if len(handle.segments) > 1 else None,
+            if len(handle.segments) > 1
+            else None,
             "job finished": finished and handle.finished,
             "cordoned": Inventory().is_cordoned(node, int(index)),
             "time to recover s": _time_to_recover_s(result.get("timeline", [])),

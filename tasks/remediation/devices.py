@@ -42,7 +42,9 @@ class DeviceRef:
 def parse_device_ref(text: object) -> DeviceRef:
     """A DeviceRef from "NODE:INDEX" or "gpuflow.device.<node>.<index>"."""
     if not isinstance(text, str) or not text.strip():
-        raise InvalidRequestError(f"a device is NODE:INDEX or {RESOURCE_PREFIX}NODE.INDEX, got {text!r}")
+        raise InvalidRequestError(
+            f"a device is NODE:INDEX or {RESOURCE_PREFIX}NODE.INDEX, got {text!r}"
+        )
     value = text.strip()
     if value.startswith(RESOURCE_PREFIX):
         node, sep, index = value[len(RESOURCE_PREFIX) :].rpartition(".")

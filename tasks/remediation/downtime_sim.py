@@ -88,8 +88,9 @@ class FleetConfig:
         pre = sum(mix[k] for k in PRECURSOR_KINDS)
         ab = sum(mix[k] for k in ABRUPT_KINDS)
         p = self.precursor_share
-        return {k: (p * mix[k] / pre if k in PRECURSOR_KINDS else (1 - p) * mix[k] / ab)
-                for k in mix}
+        return {
+            k: (p * mix[k] / pre if k in PRECURSOR_KINDS else (1 - p) * mix[k] / ab) for k in mix
+        }
 
     def precursor_fraction(self) -> float:
         mix = self.class_mix()
@@ -143,13 +144,16 @@ REACTIVE = Predictor("reactive", {}, 0.0, source="no prediction")
 
 def oracle(cfg: FleetConfig | None = None) -> Predictor:
     """Every failure with a precursor, no false alarm (abrupt classes stay unseen)."""
-    return Predictor("oracle", {k: 1.0 for k in PRECURSOR_KINDS}, 0.0,
-                     (3600.0, 36 * 3600.0, 5 * DAY_S), "perfect on precursor classes")
+    return Predictor(
+        "oracle",
+        {k: 1.0 for k in PRECURSOR_KINDS},
+        0.0,
+        (3600.0, 36 * 3600.0, 5 * DAY_S),
+        "perfect on precursor classes",
+    )
 
 
-def false_alarm_rate_for(
-    precision: float, recall: dict[str, float], cfg: FleetConfig
-) -> float:
+def false_alarm_rate_for(precision: float, recall: dict[str, float], cfg: FleetConfig) -> float:
     """False alarms per 1000 device-days that give ``precision`` at these recalls."""
     if not 0.0 < precision <= 1.0:
         raise ValueError(f"precision must be in (0, 1], got {precision}")
@@ -224,8 +228,12 @@ def _cycles(d: float, cycle: float) -> tuple[int, float]:
 
 
 def _run_job(
-    cfg: FleetConfig, failures: list[_Failure], predictor: Predictor, t_ckpt: float,
-    rng: random.Random, out: Outcome,
+    cfg: FleetConfig,
+    failures: list[_Failure],
+    predictor: Predictor,
+    t_ckpt: float,
+    rng: random.Random,
+    out: Outcome,
 ) -> None:
     """One job over the horizon: cycles of T work + C checkpoint, interrupted by events."""
     horizon = cfg.horizon_days * DAY_S
@@ -334,8 +342,17 @@ def simulate(
         raise ValueError(f"strategy names must be unique, got {names}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    keys = ("ettr", "unplanned_h", "lost_work_h", "restart_h", "planned_h", "checkpoint_h",
-            "failures", "predicted", "false_alarms")
+    keys = (
+        "ettr",
+        "unplanned_h",
+        "lost_work_h",
+        "restart_h",
+        "planned_h",
+        "checkpoint_h",
+        "failures",
+        "predicted",
+        "false_alarms",
+    )
     out = {n: {k: np.zeros(seeds) for k in keys} for n in names}
     for i in range(seeds):
         for name, o in simulate_seed(cfg, predictors, first_seed + i).items():

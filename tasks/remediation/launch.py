@@ -229,7 +229,9 @@ class InProcessRunner:
             handle = self._jobs.get(job_id)
         if handle is None:
             if not record:
-                raise LaunchError(f"job {job_id!r} is not known to this process and has no launch record")
+                raise LaunchError(
+                    f"job {job_id!r} is not known to this process and has no launch record"
+                )
             handle = JobHandle(
                 job_id,
                 TrainSpec(**record["train_spec"]),
@@ -392,7 +394,9 @@ def _run_train_deployment(
     }
     try:
         flow_run = run_deployment(
-            name=name, parameters=parameters, timeout=0,
+            name=name,
+            parameters=parameters,
+            timeout=0,
             work_queue_name=queue_for_node(name, target.node),
         )
     except Exception as exc:  # ObjectNotFound and friends: say which deployment
@@ -400,7 +404,8 @@ def _run_train_deployment(
 
         why = (
             "it is not deployed on this Prefect server (`gpuflow up` applies prefect.yaml)"
-            if isinstance(exc, ObjectNotFound) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, ObjectNotFound)
+            else f"{type(exc).__name__}: {exc}"
         )
         raise LaunchError(f"cannot start deployment {name!r} for job {job_id!r}: {why}") from exc
     return {"launcher": "deployment", "deployment": name, "flow_run_id": str(flow_run.id)}

@@ -40,7 +40,9 @@ def resolve_notifier(notify: NotificationBlock | str | None) -> NotificationBloc
         )
     block = Block.load(name)
     if not isinstance(block, NotificationBlock):
-        raise InvalidRequestError(f"block {name!r} is a {type(block).__name__}, not a notification block")
+        raise InvalidRequestError(
+            f"block {name!r} is a {type(block).__name__}, not a notification block"
+        )
     return block
 
 
@@ -79,8 +81,10 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
     for job_id, o in jobs.items():
         ck = o.get("checkpoint_id") or "no checkpoint"
         where = f" on {o['target']}" if o.get("target") else ""
-        lines.append(f"job {job_id}: {o.get('status')}{where} from {ck} ({o.get('checkpoint_how', '?')})"
-                     + (f" - {o['detail']}" if o.get("detail") else ""))
+        lines.append(
+            f"job {job_id}: {o.get('status')}{where} from {ck} ({o.get('checkpoint_how', '?')})"
+            + (f" - {o['detail']}" if o.get("detail") else "")
+        )
     if not jobs and status != "rejected":
         lines.append("no jobs on the device")
     for owner in result.get("unmanaged", []):

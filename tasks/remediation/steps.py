@@ -37,7 +37,12 @@ from gpuflow.hardware.health import health_status
 from gpuflow.hardware.inventory import ControlTimeoutError, DeviceRecord, Inventory
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation.devices import DeviceRef, JobOnDevice, parse_device_ref
-from gpuflow.tasks.remediation.launch import CrashHandler, LaunchError, relaunch, storage_from_record
+from gpuflow.tasks.remediation.launch import (
+    CrashHandler,
+    LaunchError,
+    relaunch,
+    storage_from_record,
+)
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
 
 log = logging.getLogger(__name__)
@@ -335,7 +340,9 @@ def checkpoint_job(
             # find it pending and stop at its first step. First answer wins: if the job
             # answered meanwhile, that answer (a newer checkpoint) is what we get back.
             late = inventory.ack_control(request_id, outcome.checkpoint_id or "no-checkpoint")
-            if late.checkpoint_id and late.checkpoint_id != (outcome.checkpoint_id or "no-checkpoint"):
+            if late.checkpoint_id and late.checkpoint_id != (
+                outcome.checkpoint_id or "no-checkpoint"
+            ):
                 outcome.how, outcome.checkpoint_id = "on-request", late.checkpoint_id
         if job.holds_lease:
             # Fence a process that may still run: its next lease renewal fails.
@@ -391,8 +398,9 @@ def migrate_job(
     """
     inventory = cluster.get_inventory()
     backend = cluster.get_backend()
-    out = MigrateOutcome(job.job_id, "queued", checkpoint_id=checkpoint.checkpoint_id,
-                         step=checkpoint.step)
+    out = MigrateOutcome(
+        job.job_id, "queued", checkpoint_id=checkpoint.checkpoint_id, step=checkpoint.step
+    )
     current = inventory.job(job.job_id)
     if current.state == "running" and job.resource_id not in current.resource_ids:
         # An earlier attempt already relaunched it: nothing more to do.
@@ -411,7 +419,9 @@ def migrate_job(
     if binding is None:
         binding = reserve_target(inventory, backend, job)
     if binding is None:
-        out.detail = f"no healthy {job.sku} {'partition ' + job.profile if job.profile else 'device'} free"
+        out.detail = (
+            f"no healthy {job.sku} {'partition ' + job.profile if job.profile else 'device'} free"
+        )
         return out
     res = binding.resource
     try:
@@ -474,8 +484,14 @@ def open_incident(
     else:
         first = ("operator request", reason)
     return ledger.open_incident(
-        device, trigger, reason, risk=risk, features=features, event_id=event_id,
-        first_entry=first, claim_by=claim_by,
+        device,
+        trigger,
+        reason,
+        risk=risk,
+        features=features,
+        event_id=event_id,
+        first_entry=first,
+        claim_by=claim_by,
     )
 
 

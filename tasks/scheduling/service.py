@@ -553,7 +553,11 @@ class SchedulerService:
         if sched.get("cancel_requested"):
             engine.cancel(job_id, now)
             self._write(
-                job_id, "failed", resource_ids=[], phase=CANCELLED, reason="cancelled",
+                job_id,
+                "failed",
+                resource_ids=[],
+                phase=CANCELLED,
+                reason="cancelled",
                 stop_request_id=None,
             )
             return

@@ -18,8 +18,12 @@ log = logging.getLogger(__name__)
 class DeviceRequest(BaseModel):
     """What a job asks for: a whole device of a SKU, a partition of a profile, or one by id."""
 
-    sku: str | None = Field(default=None, description="SKU name or alias (a100-40gb, v100, dcu-z100...)")
-    profile: str | None = Field(default=None, description="MIG profile (3g.20gb...) or 'vdcu'; none: a whole device")
+    sku: str | None = Field(
+        default=None, description="SKU name or alias (a100-40gb, v100, dcu-z100...)"
+    )
+    profile: str | None = Field(
+        default=None, description="MIG profile (3g.20gb...) or 'vdcu'; none: a whole device"
+    )
     resource_id: str | None = Field(default=None, description="A device or partition uuid")
     region: str | None = None
 
@@ -52,7 +56,9 @@ def lease_device(
     else:
         kind = None if request.profile is None else ("vdcu" if request.profile == "vdcu" else "mig")
         candidates = inventory.free_resources(
-            sku=sku_name, kind=kind or "device", profile=request.profile if kind == "mig" else None,
+            sku=sku_name,
+            kind=kind or "device",
+            profile=request.profile if kind == "mig" else None,
             region=request.region,
         )
     for res in candidates:
@@ -61,7 +67,14 @@ def lease_device(
         except LeaseConflictError:
             continue  # another process took it between the query and the lease
         spec = _sku_or_none(res.sku)
-        log.info("job %s leased %s (%s on %s:%d)", owner, res.resource_id, res.sku, res.node, res.device_index)
+        log.info(
+            "job %s leased %s (%s on %s:%d)",
+            owner,
+            res.resource_id,
+            res.sku,
+            res.node,
+            res.device_index,
+        )
         return Binding(res, lease, spec, torch_device_for(backend), backend.name)
     raise InvalidRequestError(
         f"no free resource matches {request.model_dump(exclude_none=True) or 'any device'}: "

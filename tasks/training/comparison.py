@@ -23,14 +23,16 @@ def compare_results(results: dict[str, dict[str, Any]], threshold: float) -> lis
             raise ValueError(f"candidate {policy} has no eval loss (was it stopped early?)")
         speedup = base["wall_time_s"] / res["wall_time_s"]
         delta = abs(res["eval_loss"] - base["eval_loss"]) / base["eval_loss"]
-        rows.append({
-            "policy": policy,
-            "speedup": speedup,
-            "step_speedup": base["train_time_s"] / res["train_time_s"],
-            "convergence_delta": delta,
-            "baseline_eval_loss": base["eval_loss"],
-            "eval_loss": res["eval_loss"],
-            "switches": len(res.get("switches", [])),
-            "verdict": "pass" if delta < threshold else "fail",
-        })
+        rows.append(
+            {
+                "policy": policy,
+                "speedup": speedup,
+                "step_speedup": base["train_time_s"] / res["train_time_s"],
+                "convergence_delta": delta,
+                "baseline_eval_loss": base["eval_loss"],
+                "eval_loss": res["eval_loss"],
+                "switches": len(res.get("switches", [])),
+                "verdict": "pass" if delta < threshold else "fail",
+            }
+        )
     return rows

@@ -32,7 +32,9 @@ EXPERIMENT = "gpuflow-train"
 step_observers: list[Callable[[str, int, StepInfo], None]] = []
 
 
-def preflight(spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, device: DeviceRequest) -> dict:
+def preflight(
+    spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, device: DeviceRequest
+) -> dict:
     """Everything that can be refused is refused here, before a lease or a step.
 
     Unknown model/policy (TrainSpec), a precision the requested SKU lacks, a bucket that
@@ -51,7 +53,9 @@ def preflight(spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, 
 
 def acquire(cluster: GpuCluster, device: DeviceRequest, job_id: str) -> Binding:
     inventory = cluster.get_inventory()
-    binding = lease_device(inventory, cluster.get_backend(), device, owner=job_id, ttl_s=LEASE_TTL_S)
+    binding = lease_device(
+        inventory, cluster.get_backend(), device, owner=job_id, ttl_s=LEASE_TTL_S
+    )
     check_owned_node(inventory, binding, job_id)
     inventory.record_job(job_id, {"device": device.model_dump()}, state="running")
     inventory.set_job_state(job_id, "running", resource_ids=[binding.resource.resource_id])
@@ -90,26 +94,35 @@ def run_training(
     inventory = cluster.get_inventory()
     res = binding.resource
     probe = DeviceUtilization(
-        backend, res.node, res.device_index, owner=spec.job_id,
+        backend,
+        res.node,
+        res.device_index,
+        owner=spec.job_id,
         partition_uuid=res.resource_id if res.profile else None,
     )
     hooks: list[Callable[[StepInfo], None]] = list(extra_hooks)
     hooks += [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in step_observers]
     metrics = StepMetricsLogger(run_id) if run_id else None
     if metrics:
+
         def log_metrics(info: StepInfo) -> None:
-            metrics.log(info.step, {
-                "loss": info.loss,
-                "samples_per_s": info.samples_per_s,
-                "tokens_per_s": info.tokens_per_s,
-                "precision_bits": 32.0 if info.precision == "fp32" else 16.0,
-                "utilization_ratio": info.utilization_ratio,
-            })
+            metrics.log(
+                info.step,
+                {
+                    "loss": info.loss,
+                    "samples_per_s": info.samples_per_s,
+                    "tokens_per_s": info.tokens_per_s,
+                    "precision_bits": 32.0 if info.precision == "fp32" else 16.0,
+                    "utilization_ratio": info.utilization_ratio,
+                },
+            )
+
         hooks.append(log_metrics)
 
     def renew(info: StepInfo) -> None:
         if info.step % 50 == 0:  # far inside the TTL, cheap enough to do often
             inventory.renew_lease(res.resource_id, spec.job_id, LEASE_TTL_S)
+
     hooks.append(renew)
 
     def checkpointed(cid: str, step: int) -> None:
@@ -117,15 +130,22 @@ def run_training(
 
     try:
         result = train_loop(
-            spec, storage.store(), device=binding.torch_device, sku=binding.sku,
-            utilization=probe, control=inventory, hooks=hooks, on_checkpoint=checkpointed,
+            spec,
+            storage.store(),
+            device=binding.torch_device,
+            sku=binding.sku,
+            utilization=probe,
+            control=inventory,
+            hooks=hooks,
+            on_checkpoint=checkpointed,
         )
     finally:
         if metrics:
             metrics.flush()
         probe.close()
     inventory.set_job_state(
-        spec.job_id, "checkpointed" if result.stopped_by_request else "finished",
+        spec.job_id,
+        "checkpointed" if result.stopped_by_request else "finished",
         last_checkpoint_id=result.last_checkpoint,
     )
     return result
@@ -135,7 +155,9 @@ def progress_hook(total_steps: int, every: int = 10) -> Callable[[StepInfo], Non
     """A Prefect progress artifact that follows the steps (updated every ``every``)."""
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-    artifact_id = create_progress_artifact(0.0, description=f"training progress ({total_steps} steps)")
+    artifact_id = create_progress_artifact(
+        0.0, description=f"training progress ({total_steps} steps)"
+    )
 
     def hook(info: StepInfo) -> None:
         if info.step % every == 0 or info.step == total_steps:
@@ -172,11 +194,18 @@ def _retry_unless_device_lost(task: Any, task_run: Any, state: Any) -> bool:
 
 
 @task(
-    name="train-loop", retries=2, retry_delay_seconds=3, cache_policy=NONE,
+    name="train-loop",
+    retries=2,
+    retry_delay_seconds=3,
+    cache_policy=NONE,
     retry_condition_fn=_retry_unless_device_lost,
 )
 def train_loop_task(
-    spec: TrainSpec, storage: CheckpointStorage, cluster: GpuCluster, binding: Binding, run_id: str | None
+    spec: TrainSpec,
+    storage: CheckpointStorage,
+    cluster: GpuCluster,
+    binding: Binding,
+    run_id: str | None,
 ) -> TrainResult:
     # A retry re-enters train_loop, which resumes from the latest checkpoint, never from zero.
     return run_training(spec, storage, cluster, binding, run_id, (progress_hook(spec.steps),))

@@ -103,9 +103,7 @@ class Workload:
     fingerprint: str
 
 
-def build_workload(
-    spec: TrainSpec, device: torch.device, sku: SkuSpec | None = None
-) -> Workload:
+def build_workload(spec: TrainSpec, device: torch.device, sku: SkuSpec | None = None) -> Workload:
     """Model, optimizer, data and precision for ``spec``; validates before anything runs."""
     validate_policy(spec.precision, device, sku)  # fp16/bf16 asked of a device without it
     mspec = model_spec(spec.model)
@@ -120,7 +118,9 @@ def build_workload(
         )
     dataset = build_dataset(spec.resolved_dataset, seed=spec.seed)
     seq_len = spec.resolved_seq_len
-    sampler = make_sampler(dataset, batch_size=spec.resolved_batch_size, seed=spec.seed, seq_len=seq_len)
+    sampler = make_sampler(
+        dataset, batch_size=spec.resolved_batch_size, seed=spec.seed, seq_len=seq_len
+    )
     evals = eval_batches(
         dataset, batch_size=spec.resolved_batch_size, seq_len=seq_len, max_batches=spec.eval_batches
     )
@@ -184,7 +184,9 @@ def train_loop(
     started = time.perf_counter()
     device = torch.device(device)
     w = build_workload(spec, device, sku)
-    ckpt = CheckpointManager(store, spec.job_id, keep_last=spec.keep_last, expected_model=w.fingerprint)
+    ckpt = CheckpointManager(
+        store, spec.job_id, keep_last=spec.keep_last, expected_model=w.fingerprint
+    )
     meta = {"model_name": spec.model, "model_fingerprint": w.fingerprint, "spec": spec.model_dump()}
 
     # Resume: the newest checkpoint that verifies (corrupt ones are skipped inside).
@@ -228,13 +230,21 @@ def train_loop(
         train_time_s += busy_s
         step += 1
 
-        util = utilization.observe_step(busy_s, time.perf_counter() - t_wall) if utilization else None
+        util = (
+            utilization.observe_step(busy_s, time.perf_counter() - t_wall) if utilization else None
+        )
         switch = w.precision.observe(step, util, loss_value, overflowed)
         info = StepInfo(
-            step=step, loss=loss_value, precision=w.precision.current, step_time_s=busy_s,
+            step=step,
+            loss=loss_value,
+            precision=w.precision.current,
+            step_time_s=busy_s,
             samples_per_s=batch / busy_s if busy_s > 0 else math.inf,
-            tokens_per_s=(batch * w.tokens_per_sample / busy_s) if w.tokens_per_sample and busy_s > 0 else None,
-            utilization_ratio=util, switch=switch,
+            tokens_per_s=(batch * w.tokens_per_sample / busy_s)
+            if w.tokens_per_sample and busy_s > 0
+            else None,
+            utilization_ratio=util,
+            switch=switch,
         )
         for hook in hooks:
             hook(info)
@@ -265,11 +275,15 @@ def train_loop(
         train_time_s=train_time_s,
         switches=list(w.precision.switches),
         checkpoints=checkpoints,
-        last_checkpoint=checkpoints[-1] if checkpoints else (loaded.checkpoint_id if loaded else None),
+        last_checkpoint=checkpoints[-1]
+        if checkpoints
+        else (loaded.checkpoint_id if loaded else None),
     )
 
 
-def trained_model(spec: TrainSpec, store: CheckpointStore, device: torch.device | str = "cpu") -> torch.nn.Module:
+def trained_model(
+    spec: TrainSpec, store: CheckpointStore, device: torch.device | str = "cpu"
+) -> torch.nn.Module:
     """The model of ``spec`` with the weights of its latest checkpoint."""
     model = build_model(spec.model, seed=spec.seed).to(device)
     ckpt = CheckpointManager(store, spec.job_id, keep_last=spec.keep_last)

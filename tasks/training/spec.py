@@ -22,8 +22,12 @@ class TrainSpec(BaseModel):
         "Reuse an id to resume that job from its latest checkpoint.",
     )
     model: str = Field(default="llama-tiny", description=f"One of: {', '.join(MODELS)}")
-    dataset: str | None = Field(default=None, description="pydoc-topics | digits; default: the model's")
-    steps: int = Field(default=200, ge=1, description="Optimizer steps in total (resume counts on).")
+    dataset: str | None = Field(
+        default=None, description="pydoc-topics | digits; default: the model's"
+    )
+    steps: int = Field(
+        default=200, ge=1, description="Optimizer steps in total (resume counts on)."
+    )
     batch_size: int | None = Field(default=None, ge=1)
     seq_len: int | None = Field(default=None, ge=2, description="Language models only.")
     lr: float | None = Field(default=None, gt=0)

@@ -22,7 +22,10 @@ def test_nodes_carry_speed_link_and_memory() -> None:
     fleet = EdgeFleet.loopback(2, speed=2.0, link_mb_s=100.0, memory_mb=512.0)
     capacity = fleet.nodes[1].capacity()
     assert (capacity.name, capacity.speed, capacity.link_mb_s, capacity.memory_mb) == (
-        "edge-1", 2.0, 100.0, 512.0
+        "edge-1",
+        2.0,
+        100.0,
+        512.0,
     )
 
 

@@ -59,8 +59,11 @@ def reference_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     try:
         root = tmp_path_factory.mktemp("reference")
         seen: list[float] = []
-        train_loop(small_spec("reference", STEPS, INTERVAL), LocalStorage(root),
-                   hooks=[lambda info: seen.append(info.loss)])
+        train_loop(
+            small_spec("reference", STEPS, INTERVAL),
+            LocalStorage(root),
+            hooks=[lambda info: seen.append(info.loss)],
+        )
         return seen
     finally:
         torch.set_num_threads(before)
@@ -71,8 +74,12 @@ def _start_job(cluster, home: Path, job_id: str, **kw):
     run_id = client.create_run(use_experiment("gpuflow-train"), run_name=job_id).info.run_id
     reached = threading.Event()
     handle = RUNNER.start(
-        small_spec(job_id, STEPS, INTERVAL), CheckpointStorage(path=str(home / "ckpt")), cluster,
-        run_id=run_id, step_hooks=(lambda info: reached.set() if info.step >= 120 else None,), **kw,
+        small_spec(job_id, STEPS, INTERVAL),
+        CheckpointStorage(path=str(home / "ckpt")),
+        cluster,
+        run_id=run_id,
+        step_hooks=(lambda info: reached.set() if info.step >= 120 else None,),
+        **kw,
     )
     assert reached.wait(120), "the job never got going"
     return handle, run_id
@@ -99,8 +106,17 @@ def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
 
         def emit(n, i, risk, features, sku, reason="model") -> str:
             event_id = emit_health_risk(n, i, risk, features, sku, reason=reason)
-            events.append({"node": n, "index": i, "risk": risk, "features": features,
-                           "sku": sku, "reason": reason, "event_id": event_id})
+            events.append(
+                {
+                    "node": n,
+                    "index": i,
+                    "risk": risk,
+                    "features": features,
+                    "sku": sku,
+                    "reason": reason,
+                    "event_id": event_id,
+                }
+            )
             return event_id
 
         state = gpuflow_home / "monitor-state"
@@ -116,9 +132,13 @@ def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
         # What the deployment trigger renders from the event (flows.remediate.TRIGGER_SPEC).
         out = remediate(
             resource_id=resource_id_for(node, int(index)),
-            payload=health_risk_payload(ev["node"], ev["index"], ev["risk"], ev["features"],
-                                        ev["sku"], ev["reason"]),
-            event_id=ev["event_id"], trigger="predicted", notifier=hook.block(), cluster=cluster,
+            payload=health_risk_payload(
+                ev["node"], ev["index"], ev["risk"], ev["features"], ev["sku"], ev["reason"]
+            ),
+            event_id=ev["event_id"],
+            trigger="predicted",
+            notifier=hook.block(),
+            cluster=cluster,
         )
         assert out["status"] == "done" and out["spares_activated"] == ["a100-spare-0"]
         moved = out["jobs"]["chaos-hbm"]
@@ -139,8 +159,14 @@ def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
     message = hook.messages[0]["body"]
     assert "spare node activated: a100-spare-0" in message and "job chaos-hbm: resumed" in message
     whats = [e["what"] for e in L.Ledger(inv.url).incident(out["incident_id"]).timeline]
-    for step in (L.RISK_SEEN, L.CORDONED, L.SPARE_ACTIVATED, L.CHECKPOINT_WRITTEN, L.JOB_RESUMED,
-                 L.NOTIFIED):
+    for step in (
+        L.RISK_SEEN,
+        L.CORDONED,
+        L.SPARE_ACTIVATED,
+        L.CHECKPOINT_WRITTEN,
+        L.JOB_RESUMED,
+        L.NOTIFIED,
+    ):
         assert step in whats
 
 
@@ -151,7 +177,9 @@ def test_abrupt_xid79_resumes_from_the_last_periodic_checkpoint(
     backend = SimBackend()
     with WebhookReceiver() as hook:
         handle, run_id = _start_job(
-            cluster, gpuflow_home, "chaos-xid",
+            cluster,
+            gpuflow_home,
+            "chaos-xid",
             on_crash=crash_handler(notifier=hook.block(), cluster=cluster),
         )
         node, index = handle.segments[0].device.split(":")
@@ -161,14 +189,26 @@ def test_abrupt_xid79_resumes_from_the_last_periodic_checkpoint(
         # The monitor sees the device gone and raises the event too: the same incident,
         # nothing more happens (no second relaunch, no second message).
         events: list[tuple] = []
-        run_monitor(backend, RuleModel(WINDOW_BUCKETS), rounds=1,
-                    emit=lambda *a, **k: events.append((a, k)) or f"ev-lost-{len(events)}",
-                    state_dir=gpuflow_home / "monitor-state")
-        assert [(a[0], a[1], k.get("reason")) for a, k in events] == [(node, int(index), "device lost")]
-        again = remediate(resource_id=resource_id_for(node, int(index)), trigger="predicted",
-                          payload=health_risk_payload(node, int(index), 1.0, {"present": 0.0}, A100,
-                                                      "device lost"),
-                          event_id="ev-lost-1", notifier=hook.block(), cluster=cluster)
+        run_monitor(
+            backend,
+            RuleModel(WINDOW_BUCKETS),
+            rounds=1,
+            emit=lambda *a, **k: events.append((a, k)) or f"ev-lost-{len(events)}",
+            state_dir=gpuflow_home / "monitor-state",
+        )
+        assert [(a[0], a[1], k.get("reason")) for a, k in events] == [
+            (node, int(index), "device lost")
+        ]
+        again = remediate(
+            resource_id=resource_id_for(node, int(index)),
+            trigger="predicted",
+            payload=health_risk_payload(
+                node, int(index), 1.0, {"present": 0.0}, A100, "device lost"
+            ),
+            event_id="ev-lost-1",
+            notifier=hook.block(),
+            cluster=cluster,
+        )
         assert again["duplicate"] == "device" and again["jobs"] == {}
         assert len(hook.messages) == 1 and "reactive" in hook.messages[0]["subject"]
 

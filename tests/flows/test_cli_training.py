@@ -36,7 +36,9 @@ class _Runner:
     def invoke(self, _app: object, args: list[str], env: dict[str, str] | None = None) -> Result:
         exe = Path(sys.executable).with_name("gpuflow")
         full_env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), **(env or {})}
-        done = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300, env=full_env)
+        done = subprocess.run(
+            [str(exe), *args], capture_output=True, text=True, timeout=300, env=full_env
+        )
         return Result(done.returncode, done.stdout, done.stderr)
 
 
@@ -45,8 +47,21 @@ app = None
 
 
 def test_train_cli_local_then_resume(tmp_path) -> None:
-    args = ["train", "--model", "llama-tiny", "--steps", "20", "--checkpoint-interval", "10",
-            "--job-id", "cli-local", "--checkpoint-dir", str(tmp_path), "--sku", "a100-40gb"]
+    args = [
+        "train",
+        "--model",
+        "llama-tiny",
+        "--steps",
+        "20",
+        "--checkpoint-interval",
+        "10",
+        "--job-id",
+        "cli-local",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--sku",
+        "a100-40gb",
+    ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert "steps_done" in first.stdout
@@ -59,15 +74,36 @@ def test_train_cli_local_then_resume(tmp_path) -> None:
 
 
 def test_train_cli_s3(s3_server: str) -> None:
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket="cli-ckpt")
-    result = runner.invoke(app, [
-        "train", "--steps", "10", "--checkpoint-interval", "5", "--job-id", "cli-s3",
-        "--storage", "s3", "--s3-bucket", "cli-ckpt", "--s3-endpoint-url", s3_server,
-    ], env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1"})
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(
+        Bucket="cli-ckpt"
+    )
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--steps",
+            "10",
+            "--checkpoint-interval",
+            "5",
+            "--job-id",
+            "cli-s3",
+            "--storage",
+            "s3",
+            "--s3-bucket",
+            "cli-ckpt",
+            "--s3-endpoint-url",
+            s3_server,
+        ],
+        env={
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        },
+    )
     assert result.exit_code == 0, result.output
     keys = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").list_objects_v2(
-        Bucket="cli-ckpt")["Contents"]
+        Bucket="cli-ckpt"
+    )["Contents"]
     assert any(k["Key"].startswith("cli-s3/step-000000010/") for k in keys)
 
 
@@ -77,15 +113,41 @@ def test_train_cli_refuses_a_precision_the_device_lacks() -> None:
 
 
 def test_compare_precision_cli_s3(s3_server: str) -> None:
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket="cli-cmp")
-    result = runner.invoke(app, [
-        "compare-precision", "--model", "llama-tiny", "--steps", "8", "--candidate", "bf16",
-        "--job-id", "cli-cmp", "--storage", "s3", "--s3-bucket", "cli-cmp", "--s3-endpoint-url", s3_server,
-    ], env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1"})
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(
+        Bucket="cli-cmp"
+    )
+    result = runner.invoke(
+        app,
+        [
+            "compare-precision",
+            "--model",
+            "llama-tiny",
+            "--steps",
+            "8",
+            "--candidate",
+            "bf16",
+            "--job-id",
+            "cli-cmp",
+            "--storage",
+            "s3",
+            "--s3-bucket",
+            "cli-cmp",
+            "--s3-endpoint-url",
+            s3_server,
+        ],
+        env={
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        },
+    )
     assert result.exit_code == 0, result.output
     assert "bf16" in result.stdout and "MLflow parent run" in result.stdout
-    keys = [k["Key"] for k in boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
-            .list_objects_v2(Bucket="cli-cmp")["Contents"]]
+    keys = [
+        k["Key"]
+        for k in boto3.client(
+            "s3", endpoint_url=s3_server, region_name="us-east-1"
+        ).list_objects_v2(Bucket="cli-cmp")["Contents"]
+    ]
     assert any(k.startswith("cli-cmp-fp32/step-000000008/") for k in keys)
     assert any(k.startswith("cli-cmp-bf16/step-000000008/") for k in keys)

@@ -97,8 +97,15 @@ def test_deploy_redeploy_and_roll_back(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(first["addresses"]) == 2 and first["balance"] >= 1.0
         run = mlflow.MlflowClient(tracking_uri()).get_run(first["run_id"])
         assert run.info.status == "FINISHED"
-        for key in ("balance", "balance_equal_ops", "latency_p50_ms", "latency_p99_ms",
-                    "throughput_rps", "max_abs_diff", "bottleneck_ms"):
+        for key in (
+            "balance",
+            "balance_equal_ops",
+            "latency_p50_ms",
+            "latency_p99_ms",
+            "throughput_rps",
+            "max_abs_diff",
+            "bottleneck_ms",
+        ):
             assert key in run.data.metrics, key
         assert run.data.params["shards"] == "2"
         assert run.data.tags["gpuflow.edge.opset"] == "18"
@@ -115,7 +122,8 @@ def test_deploy_redeploy_and_roll_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
         # A faulty third build fails the check: its processes go, v2 keeps serving.
         monkeypatch.setattr(
-            flow_mod, "package_task",
+            flow_mod,
+            "package_task",
             task(_corrupting_package, name="edge-package", cache_policy=NONE),
         )
         with pytest.raises(EdgeDeployError, match="check failed.*rolled back to v2"):

@@ -52,9 +52,16 @@ def served(gpuflow_home: Path) -> Iterator[tuple[WebhookReceiver, str]]:
             "PYTHONPATH": str(REPO),
         }
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "tests/tasks/remediation/serve_remediate.py"),
-             DEPLOYMENT, "custom-webhook/gpuflow-ops-trigger"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                str(REPO / "tests/tasks/remediation/serve_remediate.py"),
+                DEPLOYMENT,
+                "custom-webhook/gpuflow-ops-trigger",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         try:
             yield hook, proc
@@ -74,14 +81,22 @@ def test_health_risk_event_starts_remediate(gpuflow_home: Path, served) -> None:
     make_cluster(gpuflow_home)
     hook, proc = served
     with get_client(sync_client=True) as client:
-        wait_until(lambda: _deployment_id(client) is not None or proc.poll() is not None, 120,
-                   "the served deployment")
+        wait_until(
+            lambda: _deployment_id(client) is not None or proc.poll() is not None,
+            120,
+            "the served deployment",
+        )
         assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
         dep_id = _deployment_id(client)
-        wait_until(lambda: client.read_automations_by_name(TRIGGER_SPEC["name"]), 30,
-                   "the trigger's automation")
+        wait_until(
+            lambda: client.read_automations_by_name(TRIGGER_SPEC["name"]),
+            30,
+            "the trigger's automation",
+        )
 
-        event_id = emit_health_risk("a100-1", 1, 0.97, {"remap_pending": 1.0, "xid_memory_log": 0.69}, A100)
+        event_id = emit_health_risk(
+            "a100-1", 1, 0.97, {"remap_pending": 1.0, "xid_memory_log": 0.69}, A100
+        )
         EventsWorker.drain_all()
         emitted = time.monotonic()
         runs: list = []
@@ -99,7 +114,9 @@ def test_health_risk_event_starts_remediate(gpuflow_home: Path, served) -> None:
         run = runs[0]
         assert run.parameters["event_id"] == event_id
         assert run.parameters["resource_id"] == "gpuflow.device.a100-1.1"
-        assert run.parameters["payload"]["risk"] == 0.97 and run.parameters["trigger"] == "predicted"
+        assert (
+            run.parameters["payload"]["risk"] == 0.97 and run.parameters["trigger"] == "predicted"
+        )
 
         def finished() -> bool:
             state = client.read_flow_run(run.id).state

@@ -29,7 +29,12 @@ def test_partition_flow_applies_per_node_and_leaves_a_layout_table() -> None:
     assert set(result) == {"a100-0", "dcu-0"}
     assert result["a100-0"]["changed"] == [0, 1, 2]
     twin = SimBackend()
-    assert sorted(p.profile for p in twin.partitions("a100-0", 0)) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+    assert sorted(p.profile for p in twin.partitions("a100-0", 0)) == [
+        "1g.5gb",
+        "1g.5gb",
+        "2g.10gb",
+        "3g.20gb",
+    ]
     assert len(twin.partitions("dcu-0", 0)) == 4
     artifact = Artifact.get("partition-layout")
     assert artifact is not None and "3g.20gb" in str(artifact.data)
@@ -73,8 +78,14 @@ def test_inventory_flow_records_devices_and_telemetry() -> None:
 def test_blocks_register_and_round_trip(tmp_path: Path) -> None:
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     prefect = Path(sys.executable).with_name("prefect")
-    done = subprocess.run([str(prefect), "block", "register", "-m", "gpuflow.blocks"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=Path(__file__).parents[2])
+    done = subprocess.run(
+        [str(prefect), "block", "register", "-m", "gpuflow.blocks"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gpuflow GPU Cluster" in done.stdout and "gpuflow Checkpoint Storage" in done.stdout
     GpuCluster(backend="sim").save("twin", overwrite=True)

@@ -18,11 +18,14 @@ from gpuflow.tasks.health.history import HistoryConfig
 from gpuflow.tasks.health.model import TrainConfig
 
 TINY_HISTORY = HistoryConfig.small(
-    nodes=40, days=60.0, background_segments=(80, 40, 80),
+    nodes=40,
+    days=60.0,
+    background_segments=(80, 40, 80),
     background_segment_s=(3600.0, 3600.0, 6 * 3600.0),
 )
-TINY_TRAIN = TrainConfig.small(epochs=1, hidden=8, max_background=1500,
-                               far_negatives_per_incident=8)
+TINY_TRAIN = TrainConfig.small(
+    epochs=1, hidden=8, max_background=1500, far_negatives_per_incident=8
+)
 
 
 @pytest.fixture(autouse=True)
@@ -44,9 +47,11 @@ def read_health_events(resource_id: str, since: datetime, attempts: int = 60) ->
         EventResourceFilter,
     )
 
-    flt = EventFilter(event=EventNameFilter(name=[EVENT_NAME]),
-                      resource=EventResourceFilter(id=[resource_id]),
-                      occurred=EventOccurredFilter(since=since))
+    flt = EventFilter(
+        event=EventNameFilter(name=[EVENT_NAME]),
+        resource=EventResourceFilter(id=[resource_id]),
+        occurred=EventOccurredFilter(since=since),
+    )
     with get_client(sync_client=True) as client:
         for _ in range(attempts):
             events = client.read_events(flt, limit=50).events
@@ -89,8 +94,13 @@ def test_train_then_monitor_emits_through_the_server() -> None:
 
 
 def test_health_train_flow_without_registering() -> None:
-    result = health_train(history=TINY_HISTORY, training=TINY_TRAIN, gbt=GbtConfig(max_iter=5),
-                          cache=False, register_model=False)
+    result = health_train(
+        history=TINY_HISTORY,
+        training=TINY_TRAIN,
+        gbt=GbtConfig(max_iter=5),
+        cache=False,
+        register_model=False,
+    )
     assert "registry_uri" not in result and result["run_id"]
     assert result["summary"]["test_at_monitor_threshold"]["oracle"]["recall"] == 1.0
 

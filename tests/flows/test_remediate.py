@@ -53,8 +53,11 @@ def hook() -> Iterator[WebhookReceiver]:
 def _start(cluster, tmp_path, job_id, *, steps=200, at_step=40, device=None, **kw):
     reached = threading.Event()
     handle = RUNNER.start(
-        small_spec(job_id, steps=steps, interval=25), CheckpointStorage(path=str(tmp_path / "ck")),
-        cluster, device, step_hooks=(lambda info: reached.set() if info.step >= at_step else None,),
+        small_spec(job_id, steps=steps, interval=25),
+        CheckpointStorage(path=str(tmp_path / "ck")),
+        cluster,
+        device,
+        step_hooks=(lambda info: reached.set() if info.step >= at_step else None,),
         **kw,
     )
     assert reached.wait(60), f"job {job_id} never reached step {at_step}"
@@ -66,7 +69,9 @@ def _artifact(key: str):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
     return found[0] if found else None
 
 
@@ -74,8 +79,14 @@ def test_predicted_risk_moves_the_job_once_and_only_once(cluster, hook, tmp_path
     handle = _start(cluster, tmp_path, "rm-pred")
     device = handle.segments[0].device
     node, index = device.split(":")
-    out = remediate(device=device, trigger="predicted", event_id="ev-1", notifier=hook.block(),
-                    cluster=cluster, payload={"risk": 0.95, "top_features": {"xid_63": 2.0}})
+    out = remediate(
+        device=device,
+        trigger="predicted",
+        event_id="ev-1",
+        notifier=hook.block(),
+        cluster=cluster,
+        payload={"risk": 0.95, "top_features": {"xid_63": 2.0}},
+    )
     assert out["status"] == "done" and out["risk"] == 0.95 and out["features"] == {"xid_63": 2.0}
     job = out["jobs"]["rm-pred"]
     assert job["status"] == "resumed" and job["checkpoint_how"] == "on-request"
@@ -84,18 +95,30 @@ def test_predicted_risk_moves_the_job_once_and_only_once(cluster, hook, tmp_path
     assert inv.is_cordoned(node, int(index))
     assert len(hook.messages) == 1 and "1 job(s) moved" in hook.messages[0]["subject"]
     whats = [e["what"] for e in out["timeline"]]
-    assert whats == [L.RISK_SEEN, L.CORDONED, L.CHECKPOINT_REQUESTED, L.CHECKPOINT_WRITTEN,
-                     L.JOB_RESUMED, L.NOTIFIED]
+    assert whats == [
+        L.RISK_SEEN,
+        L.CORDONED,
+        L.CHECKPOINT_REQUESTED,
+        L.CHECKPOINT_WRITTEN,
+        L.JOB_RESUMED,
+        L.NOTIFIED,
+    ]
     artifact = _artifact(f"remediation-{node}-{index}")
     assert artifact is not None and L.JOB_RESUMED in artifact.data
 
     # The same event again, then another event for the same device: nothing more happens.
     cordons = inv.cordons()
-    again = remediate(device=device, trigger="predicted", event_id="ev-1", notifier=hook.block(),
-                      cluster=cluster)
+    again = remediate(
+        device=device, trigger="predicted", event_id="ev-1", notifier=hook.block(), cluster=cluster
+    )
     assert again["duplicate"] == "event" and again["jobs"] == {}
-    later = remediate(resource_id=f"gpuflow.device.{node}.{index}", trigger="predicted",
-                      event_id="ev-2", notifier=hook.block(), cluster=cluster)
+    later = remediate(
+        resource_id=f"gpuflow.device.{node}.{index}",
+        trigger="predicted",
+        event_id="ev-2",
+        notifier=hook.block(),
+        cluster=cluster,
+    )
     assert later["duplicate"] == "device" and later["jobs"] == {} and not later["notified"]
     assert inv.cordons() == cordons and len(hook.messages) == 1
     assert len(L.Ledger(inv.url).incidents()) == 1
@@ -123,15 +146,26 @@ def test_bad_input_and_a_device_without_jobs(cluster, hook) -> None:
 def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, tmp_path) -> None:
     # The only V100: a predicted risk cannot move the job, so it checkpoints in place and
     # keeps running; when the device then dies the job is queued with its checkpoint.
-    handle = _start(cluster, tmp_path, "rm-v100", steps=3000, at_step=30,
-                    device=DeviceRequest(sku="v100"),
-                    on_crash=crash_handler(notifier=hook.block(), cluster=cluster))
+    handle = _start(
+        cluster,
+        tmp_path,
+        "rm-v100",
+        steps=3000,
+        at_step=30,
+        device=DeviceRequest(sku="v100"),
+        on_crash=crash_handler(notifier=hook.block(), cluster=cluster),
+    )
     assert handle.segments[0].device == "v100-0:0"
-    out = remediate(device="v100-0:0", trigger="predicted", risk=0.9, notifier=hook.block(),
-                    cluster=cluster)
+    out = remediate(
+        device="v100-0:0", trigger="predicted", risk=0.9, notifier=hook.block(), cluster=cluster
+    )
     assert out["status"] == "waiting" and out["short"] == {"Tesla V100-SXM2-32GB": 1}
     job = out["jobs"]["rm-v100"]
-    assert job["status"] == "in-place" and job["checkpoint_id"] and job["checkpoint_how"] == "on-request"
+    assert (
+        job["status"] == "in-place"
+        and job["checkpoint_id"]
+        and job["checkpoint_how"] == "on-request"
+    )
     assert "NO CAPACITY" in hook.messages[-1]["body"]
     assert handle._threads[0].is_alive()  # still training on the cordoned device
 
@@ -158,7 +192,9 @@ def test_a_failing_step_loses_no_job(cluster, hook, tmp_path, monkeypatch) -> No
     original = remediate_module.migrate_job_task
     monkeypatch.setattr(remediate_module, "migrate_job_task", task(broken_migrate, name="migrate"))
     with pytest.raises(RuntimeError, match="launcher exploded"):
-        remediate(device=device, trigger="predicted", risk=0.9, notifier=hook.block(), cluster=cluster)
+        remediate(
+            device=device, trigger="predicted", risk=0.9, notifier=hook.block(), cluster=cluster
+        )
     inv = Inventory()
     record = inv.job("rm-fail")
     assert record.state == "queued" and record.last_checkpoint_id  # checkpointed and queued
@@ -171,8 +207,11 @@ def test_a_failing_step_loses_no_job(cluster, hook, tmp_path, monkeypatch) -> No
     out = remediate(device=device, trigger="manual", notifier=hook.block(), cluster=cluster)
     assert out["jobs"]["rm-fail"]["status"] == "resumed"
     assert out["jobs"]["rm-fail"]["checkpoint_id"] == record.last_checkpoint_id
-    wait_until(lambda: len(handle.segments) == 2 and handle.segments[1].first_step is not None,
-               60, "the resumed job's first step")
+    wait_until(
+        lambda: len(handle.segments) == 2 and handle.segments[1].first_step is not None,
+        60,
+        "the resumed job's first step",
+    )
     assert handle.segments[1].first_step == handle.segments[0].last_step + 1
     inv.request_control("rm-fail", "checkpoint-and-stop")  # end the endless job
     wait_until(lambda: not handle.alive, 60, "the job to stop")
@@ -185,10 +224,17 @@ def test_nothing_moved_means_the_cordon_is_lifted(cluster, hook, tmp_path, monke
     def broken_checkpoint(*args, **kwargs):
         raise RuntimeError("control channel down")
 
-    monkeypatch.setattr(remediate_module, "checkpoint_job_task", task(broken_checkpoint, name="checkpoint"))
+    monkeypatch.setattr(
+        remediate_module, "checkpoint_job_task", task(broken_checkpoint, name="checkpoint")
+    )
     with pytest.raises(RuntimeError, match="control channel down"):
-        remediate(device=f"{node}:{index}", trigger="predicted", risk=0.9, notifier=hook.block(),
-                  cluster=cluster)
+        remediate(
+            device=f"{node}:{index}",
+            trigger="predicted",
+            risk=0.9,
+            notifier=hook.block(),
+            cluster=cluster,
+        )
     inv = Inventory()
     assert not inv.is_cordoned(node, int(index))
     # No stray reservation: the only lease left (if the job still runs) is the job's own.
@@ -203,7 +249,9 @@ def test_cli_remediates_and_lists_incidents(cluster, monkeypatch) -> None:
     runner = CliRunner()
     bad = runner.invoke(cli_remediate.app, ["--device", "nope:1"])
     assert bad.exit_code == 2 and "unknown node" in bad.output
-    ok = runner.invoke(cli_remediate.app, ["--device", "a100-1:0", "--reason", "fan", "--isolate", "node"])
+    ok = runner.invoke(
+        cli_remediate.app, ["--device", "a100-1:0", "--reason", "fan", "--isolate", "node"]
+    )
     assert ok.exit_code == 0, ok.output
     assert "no jobs on the device" in ok.output and "done" in ok.output
     assert Inventory().is_cordoned("a100-1")
@@ -212,7 +260,9 @@ def test_cli_remediates_and_lists_incidents(cluster, monkeypatch) -> None:
     assert listed.exit_code == 0 and "a100-1:0" in listed.output and "manual" in listed.output
 
 
-def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path, monkeypatch) -> None:
+def test_train_flow_failure_hook_takes_the_reactive_path(
+    cluster, hook, tmp_path, monkeypatch
+) -> None:
     """The `train` flow with remediate_on_train_failure as its on_failure hook: the device
     falls off the bus, the flow fails, the hook queues the job with its last checkpoint
     and remediates the device. The relaunch goes through the `train` deployment, which
@@ -237,8 +287,10 @@ def test_train_flow_failure_hook_takes_the_reactive_path(cluster, hook, tmp_path
     def run() -> None:
         try:
             train.with_options(on_failure=[remediate_on_train_failure])(
-                spec, device=DeviceRequest(sku="a100-40gb"),
-                storage=CheckpointStorage(path=str(tmp_path / "ck")), log_model=False,
+                spec,
+                device=DeviceRequest(sku="a100-40gb"),
+                storage=CheckpointStorage(path=str(tmp_path / "ck")),
+                log_model=False,
             )
         except BaseException as exc:  # noqa: BLE001 - the flow is meant to fail
             errors.append(exc)

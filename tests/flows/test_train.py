@@ -21,8 +21,13 @@ pytestmark = pytest.mark.integration
 
 
 def _spec(job_id: str, **kw) -> TrainSpec:
-    return TrainSpec(job_id=job_id, model="llama-tiny", steps=kw.pop("steps", 30),
-                     checkpoint_interval=kw.pop("checkpoint_interval", 10), **kw)
+    return TrainSpec(
+        job_id=job_id,
+        model="llama-tiny",
+        steps=kw.pop("steps", 30),
+        checkpoint_interval=kw.pop("checkpoint_interval", 10),
+        **kw,
+    )
 
 
 def _run(run_id: str):
@@ -39,7 +44,9 @@ def test_train_records_run_and_releases_lease(tmp_path) -> None:
     assert run.data.tags["gpuflow.node"].startswith("a100-")
     history = mlflow.MlflowClient(tracking_uri()).get_metric_history(out["run_id"], "loss")
     assert [m.step for m in history] == list(range(1, 31))
-    models = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    models = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id], output_format="list"
+    )
     assert any(m.source_run_id == out["run_id"] for m in models)
     inventory = Inventory()
     assert inventory.leases(owner="flow-local") == []
@@ -58,7 +65,9 @@ def test_task_retry_resumes_from_checkpoint_not_zero(tmp_path) -> None:
 
     job.step_observers.append(crash_once)
     try:
-        out = train(_spec("flow-retry"), storage=CheckpointStorage(path=str(tmp_path)), log_model=False)
+        out = train(
+            _spec("flow-retry"), storage=CheckpointStorage(path=str(tmp_path)), log_model=False
+        )
     finally:
         job.step_observers.remove(crash_once)
     assert failures == [25]
@@ -80,7 +89,9 @@ def test_lease_released_when_training_fails(tmp_path, monkeypatch) -> None:
 def test_refusals_come_before_any_lease(tmp_path) -> None:
     storage = CheckpointStorage(path=str(tmp_path))
     with pytest.raises(PrecisionError, match="bf16"):
-        train(_spec("flow-v100", precision="bf16"), device=DeviceRequest(sku="v100"), storage=storage)
+        train(
+            _spec("flow-v100", precision="bf16"), device=DeviceRequest(sku="v100"), storage=storage
+        )
     assert Inventory().leases() == []
     # A checkpoint of another model under the same job id: refused, nothing overwritten.
     train(_spec("flow-mix", steps=10), storage=storage, log_model=False)
@@ -94,21 +105,30 @@ def test_refusals_come_before_any_lease(tmp_path) -> None:
 def test_train_with_s3_checkpoints(s3_server: str) -> None:
     import boto3
 
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket="gpuflow-ckpt")
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(
+        Bucket="gpuflow-ckpt"
+    )
     storage = CheckpointStorage(
-        kind="s3", bucket="gpuflow-ckpt", prefix="jobs", endpoint_url=s3_server,
-        region_name="us-east-1", access_key_id="testing", secret_access_key=SecretStr("testing"),
+        kind="s3",
+        bucket="gpuflow-ckpt",
+        prefix="jobs",
+        endpoint_url=s3_server,
+        region_name="us-east-1",
+        access_key_id="testing",
+        secret_access_key=SecretStr("testing"),
     )
     out = train(_spec("flow-s3"), storage=storage, log_model=False)
     assert out["checkpoints"][-1] == "step-000000030"
     keys = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").list_objects_v2(
-        Bucket="gpuflow-ckpt", Prefix="jobs/")["Contents"]
+        Bucket="gpuflow-ckpt", Prefix="jobs/"
+    )["Contents"]
     assert any("flow-s3/step-000000030/" in k["Key"] for k in keys)
 
 
 def test_train_refuses_missing_bucket(s3_server: str) -> None:
-    storage = CheckpointStorage(kind="s3", bucket="no-such-bucket", endpoint_url=s3_server,
-                                region_name="us-east-1")
+    storage = CheckpointStorage(
+        kind="s3", bucket="no-such-bucket", endpoint_url=s3_server, region_name="us-east-1"
+    )
     with pytest.raises(Exception, match="no-such-bucket"):
         train(_spec("flow-nobucket"), storage=storage)
     assert Inventory().leases() == []
@@ -116,7 +136,8 @@ def test_train_refuses_missing_bucket(s3_server: str) -> None:
 
 def test_compare_precision_puts_speedup_and_delta_on_parent(tmp_path) -> None:
     out = compare_precision(
-        _spec("cmp", steps=20, checkpoint_interval=20), candidates=["auto", "bf16"],
+        _spec("cmp", steps=20, checkpoint_interval=20),
+        candidates=["auto", "bf16"],
         storage=CheckpointStorage(path=str(tmp_path)),
     )
     client = mlflow.MlflowClient(tracking_uri())
@@ -128,5 +149,11 @@ def test_compare_precision_puts_speedup_and_delta_on_parent(tmp_path) -> None:
     children = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
     )
-    assert sorted(c.data.tags["gpuflow.precision_policy"] for c in children) == ["auto", "bf16", "fp32"]
-    assert all("speedup" in c.data.metrics and "convergence_delta" in c.data.metrics for c in children)
+    assert sorted(c.data.tags["gpuflow.precision_policy"] for c in children) == [
+        "auto",
+        "bf16",
+        "fp32",
+    ]
+    assert all(
+        "speedup" in c.data.metrics and "convergence_delta" in c.data.metrics for c in children
+    )

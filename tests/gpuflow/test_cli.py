@@ -20,8 +20,9 @@ runner = CliRunner()
 def _gpuflow(*args: str) -> subprocess.CompletedProcess[str]:
     """The real console script in a separate process (same GPUFLOW_HOME)."""
     exe = Path(sys.executable).with_name("gpuflow")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
-                          env=os.environ.copy())
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=120, env=os.environ.copy()
+    )
 
 
 def test_hw_list_json_lists_the_mixed_fleet() -> None:
@@ -48,7 +49,9 @@ def test_partition_apply_assert_export_round_trip(tmp_path: Path) -> None:
     assert "4 device(s) changed" in applied.stdout
     again = runner.invoke(app, ["hw", "partition", "apply", "-f", plan, "-c", "tour"])
     assert "0 device(s) changed" in again.stdout  # idempotent
-    assert runner.invoke(app, ["hw", "partition", "assert", "-f", plan, "-c", "tour"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["hw", "partition", "assert", "-f", plan, "-c", "tour"]).exit_code == 0
+    )
     out = tmp_path / "current.yaml"
     assert runner.invoke(app, ["hw", "partition", "export", "-f", str(out)]).exit_code == 0
     doc = yaml.safe_load(out.read_text())
@@ -62,7 +65,9 @@ def test_partition_apply_assert_export_round_trip(tmp_path: Path) -> None:
 
 
 def test_assert_fails_on_an_unapplied_plan() -> None:
-    result = runner.invoke(app, ["hw", "partition", "assert", "-f", str(tour_plan_path()), "-c", "tour"])
+    result = runner.invoke(
+        app, ["hw", "partition", "assert", "-f", str(tour_plan_path()), "-c", "tour"]
+    )
     assert result.exit_code == 1
     assert "mismatch" in result.stderr
 
@@ -82,7 +87,9 @@ def test_impossible_plan_exits_nonzero_naming_device_and_rule() -> None:
 
 
 def test_bad_inputs_are_clean_errors(tmp_path: Path) -> None:
-    missing = runner.invoke(app, ["hw", "partition", "apply", "-f", str(tmp_path / "nope.yaml"), "-c", "x"])
+    missing = runner.invoke(
+        app, ["hw", "partition", "apply", "-f", str(tmp_path / "nope.yaml"), "-c", "x"]
+    )
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
     bad_device = runner.invoke(app, ["sim", "inject", "--device", "a100-0", "--fault", "hbm"])
     assert bad_device.exit_code == 2 and "NODE:INDEX" in bad_device.stderr

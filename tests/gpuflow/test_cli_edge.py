@@ -16,8 +16,23 @@ def test_plan_prints_both_splits_and_packages(tmp_path: Path) -> None:
     out = tmp_path / "pkg"
     result = runner.invoke(
         app,
-        ["plan", "resnet18-digits", "--nodes", "3", "--speed", "1", "--speed", "2",
-         "--speed", "1", "--runs", "3", "--out", str(out), "--json"],
+        [
+            "plan",
+            "resnet18-digits",
+            "--nodes",
+            "3",
+            "--speed",
+            "1",
+            "--speed",
+            "2",
+            "--speed",
+            "1",
+            "--runs",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
@@ -27,8 +42,10 @@ def test_plan_prints_both_splits_and_packages(tmp_path: Path) -> None:
     dp = summary["dp"]
     assert max(s["stage_ms"] for s in dp["shards"]) == dp["bottleneck_ms"]
     # The 2x node counts double in the ideal: total compute over a total speed of 4.
-    assert dp["ideal_ms"] * 4 == summary["total_ms"] or abs(dp["ideal_ms"] * 4 - summary[
-        "total_ms"]) < 1e-9
+    assert (
+        dp["ideal_ms"] * 4 == summary["total_ms"]
+        or abs(dp["ideal_ms"] * 4 - summary["total_ms"]) < 1e-9
+    )
     for i in range(3):
         assert verify_shard(out / "shards" / f"shard-{i}").shard_index == i
 

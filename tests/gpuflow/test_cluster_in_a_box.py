@@ -27,33 +27,68 @@ JOB = "box-job"
 STEPS = 2000
 
 
-def _run(exe: str, *args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def _run(
+    exe: str, *args: str, env: dict[str, str], timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
     path = Path(sys.executable).with_name(exe)
-    return subprocess.run([str(path), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+    return subprocess.run(
+        [str(path), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     home = tmp_path_factory.mktemp("box-home")
     spec = home / "box.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "box", "seed": 7, "faults": {"natural": False},
-        "nodes": [
-            {"name": "a100-0", "region": "cn-north", "role": "active", "devices": [{"sku": "a100-40gb", "count": 1}]},
-            {"name": "a100-1", "region": "cn-north", "role": "active", "devices": [{"sku": "a100-40gb", "count": 1}]},
-        ],
-    }))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "box",
+                "seed": 7,
+                "faults": {"natural": False},
+                "nodes": [
+                    {
+                        "name": "a100-0",
+                        "region": "cn-north",
+                        "role": "active",
+                        "devices": [{"sku": "a100-40gb", "count": 1}],
+                    },
+                    {
+                        "name": "a100-1",
+                        "region": "cn-north",
+                        "role": "active",
+                        "devices": [{"sku": "a100-40gb", "count": 1}],
+                    },
+                ],
+            }
+        )
+    )
     env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim"}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
     reset = _run("gpuflow", "sim", "reset", "--spec", str(spec), env=env)
     assert reset.returncode == 0, reset.stderr
-    up = _run("gpuflow", "up", "--prefect-port", "0", "--mlflow-port", "0",
-              "--node-worker", "a100-0", "--node-worker", "a100-1", env=env, timeout=900)
+    up = _run(
+        "gpuflow",
+        "up",
+        "--prefect-port",
+        "0",
+        "--mlflow-port",
+        "0",
+        "--node-worker",
+        "a100-0",
+        "--node-worker",
+        "a100-1",
+        env=env,
+        timeout=900,
+    )
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     state = json.loads((home / "controlplane.json").read_text())
-    client_env = {**env, "PREFECT_API_URL": state["prefect_api_url"], "MLFLOW_TRACKING_URI": state["mlflow_url"]}
+    client_env = {
+        **env,
+        "PREFECT_API_URL": state["prefect_api_url"],
+        "MLFLOW_TRACKING_URI": state["mlflow_url"],
+    }
     try:
         yield {"home": home, "env": env, "client_env": client_env, "state": state}
     finally:
@@ -94,47 +129,95 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
             for sched in client.read_deployment_schedules(dep.id):
                 client.update_deployment_schedule(dep.id, sched.id, active=False)
 
-    submitted = _run("gpuflow", "schedule", "submit", JOB, "--sku", "a100-40gb", "--model", "llama-tiny",
-                     "--steps", str(STEPS), "--checkpoint-interval", "25", "--precision", "fp32",
-                     env=box["client_env"])
+    submitted = _run(
+        "gpuflow",
+        "schedule",
+        "submit",
+        JOB,
+        "--sku",
+        "a100-40gb",
+        "--model",
+        "llama-tiny",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-interval",
+        "25",
+        "--precision",
+        "fp32",
+        env=box["client_env"],
+    )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    passed = _run("prefect", "deployment", "run", "schedule/schedule", "--watch", env=box["client_env"])
+    passed = _run(
+        "prefect", "deployment", "run", "schedule/schedule", "--watch", env=box["client_env"]
+    )
     assert passed.returncode == 0, passed.stdout[-2000:] + passed.stderr[-2000:]
 
     inventory = Inventory()
-    job = _wait("the job to run and checkpoint", lambda: (
-        (j := inventory.job(JOB)).state == "running" and j.last_checkpoint_id and j), 300)
+    job = _wait(
+        "the job to run and checkpoint",
+        lambda: (j := inventory.job(JOB)).state == "running" and j.last_checkpoint_id and j,
+        300,
+    )
     placed = inventory.resource(job.resource_ids[0])
     other = "a100-1" if placed.node == "a100-0" else "a100-0"
 
     # The event comes from another process, as from a monitor on another host (this test
     # process's events client may already be bound to another server of the session).
     emitted = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; from tasks.health.events import emit_health_risk; "
-         "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
-         "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
-         placed.node, str(placed.device_index), placed.sku],
-        capture_output=True, text=True, timeout=120, env=box["client_env"], cwd=ROOT,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tasks.health.events import emit_health_risk; "
+            "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
+            "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
+            placed.node,
+            str(placed.device_index),
+            placed.sku,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=box["client_env"],
+        cwd=ROOT,
     )
     assert emitted.returncode == 0, emitted.stderr
 
-    _wait("remediation to cordon the device", lambda: inventory.is_cordoned(placed.node, placed.device_index)
-          or inventory.job(JOB).state == "finished", 120, 0.5)
-    assert inventory.is_cordoned(placed.node, placed.device_index), "the job finished before remediation began"
-    done = _wait("the job to finish", lambda: (j := inventory.job(JOB)).state == "finished" and j, 600, 2.0)
+    _wait(
+        "remediation to cordon the device",
+        lambda: (
+            inventory.is_cordoned(placed.node, placed.device_index)
+            or inventory.job(JOB).state == "finished"
+        ),
+        120,
+        0.5,
+    )
+    assert inventory.is_cordoned(placed.node, placed.device_index), (
+        "the job finished before remediation began"
+    )
+    done = _wait(
+        "the job to finish", lambda: (j := inventory.job(JOB)).state == "finished" and j, 600, 2.0
+    )
 
     def job_runs() -> list:
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            found = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["train"])))
-        return sorted((r for r in found if (r.parameters.get("spec") or {}).get("job_id") == JOB),
-                      key=lambda r: r.created)
+            found = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["train"]))
+            )
+        return sorted(
+            (r for r in found if (r.parameters.get("spec") or {}).get("job_id") == JOB),
+            key=lambda r: r.created,
+        )
 
     # The job is finished in the inventory a moment before its flow run records the end.
-    runs = _wait("both train runs to complete",
-                 lambda: (rs := job_runs()) and all(r.state_name == "Completed" for r in rs) and rs, 120)
+    runs = _wait(
+        "both train runs to complete",
+        lambda: (rs := job_runs()) and all(r.state_name == "Completed" for r in rs) and rs,
+        120,
+    )
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-        remediations = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"])))
+        remediations = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"]))
+        )
     assert [r.work_queue_name for r in runs] == [f"node-{placed.node}", f"node-{other}"]
     assert len(runs) == 2
     assert remediations and remediations[0].state_name == "Completed"
@@ -143,8 +226,10 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
 
     client = mlflow.MlflowClient(box["client_env"]["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("gpuflow-train")
-    mruns = sorted(client.search_runs([experiment.experiment_id], f"tags.`gpuflow.job_id` = '{JOB}'"),
-                   key=lambda r: r.info.start_time)
+    mruns = sorted(
+        client.search_runs([experiment.experiment_id], f"tags.`gpuflow.job_id` = '{JOB}'"),
+        key=lambda r: r.info.start_time,
+    )
     assert [r.data.tags["gpuflow.node"] for r in mruns] == [placed.node, other]
     acked = [r for r in inventory.control_requests(JOB) if r.checkpoint_id]
     assert acked, "the job never acknowledged a checkpoint request"
@@ -152,4 +237,6 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     first, second = mruns
     assert first.data.metrics["steps_done"] == stopped_at  # it stopped at its checkpoint
     assert second.data.metrics["resumed_from_step"] == stopped_at  # zero steps lost
-    assert second.data.metrics["steps_done"] == STEPS and done.last_checkpoint_id.endswith(str(STEPS))
+    assert second.data.metrics["steps_done"] == STEPS and done.last_checkpoint_id.endswith(
+        str(STEPS)
+    )

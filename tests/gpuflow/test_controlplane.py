@@ -24,15 +24,22 @@ SHOTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _gpuflow(*args: str, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def _gpuflow(
+    *args: str, env: dict[str, str], timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("gpuflow")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
-def _prefect(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+def _prefect(
+    *args: str, env: dict[str, str], timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("prefect")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _group_members(pgids: set[int]) -> list[str]:
@@ -59,7 +66,11 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     up = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=env, timeout=900)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     state = json.loads((home / "controlplane.json").read_text())
-    client_env = {**env, "PREFECT_API_URL": state["prefect_api_url"], "MLFLOW_TRACKING_URI": state["mlflow_url"]}
+    client_env = {
+        **env,
+        "PREFECT_API_URL": state["prefect_api_url"],
+        "MLFLOW_TRACKING_URI": state["mlflow_url"],
+    }
     try:
         yield {"home": home, "state": state, "env": env, "client_env": client_env}
     finally:
@@ -73,8 +84,17 @@ def test_up_serves_and_applies_every_deployment(plane: dict) -> None:
         with urllib.request.urlopen(url, timeout=10) as resp:
             assert resp.status == 200
     listed = _prefect("deployment", "ls", env=plane["client_env"]).stdout
-    for name in ("partition", "inventory", "train", "compare_precision", "health_train", "monitor",
-                 "remediate", "schedule", "edge_deploy"):
+    for name in (
+        "partition",
+        "inventory",
+        "train",
+        "compare_precision",
+        "health_train",
+        "monitor",
+        "remediate",
+        "schedule",
+        "edge_deploy",
+    ):
         assert name in listed, f"deployment {name} missing:\n{listed}"
     again = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=plane["env"])
     assert again.returncode == 2 and "already up" in again.stderr
@@ -83,7 +103,9 @@ def test_up_serves_and_applies_every_deployment(plane: dict) -> None:
 @pytest.mark.timeout(600)
 def test_a_worker_runs_a_deployment(plane: dict) -> None:
     ran = _prefect("deployment", "run", "partition/partition", "--watch", env=plane["client_env"])
-    assert ran.returncode == 0 and "Completed" in ran.stdout, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert ran.returncode == 0 and "Completed" in ran.stdout, (
+        ran.stdout[-2000:] + ran.stderr[-2000:]
+    )
 
 
 def _browser():
@@ -92,27 +114,50 @@ def _browser():
     pw = sync_playwright().start()
     browser = pw.chromium.launch(
         executable_path=CHROMIUM,
-        args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-              "--no-first-run", "--disable-background-networking", "--disable-component-update",
-              "--disable-sync"],
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
     )
     return pw, browser
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: `make test` installs Debian's chromium where it can (root + apt-get)")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium: `make test` installs Debian's chromium where it can (root + apt-get)",
+)
 def test_prefect_ui_shows_the_remediation_run_and_its_artifact(plane: dict) -> None:
     env = plane["client_env"]
-    ran = _prefect("deployment", "run", "remediate/remediate", "--param", "device=a100-1:0",
-                   "--param", "reason=browser check", "--watch", env=env)
-    assert ran.returncode == 0 and "Completed" in ran.stdout, ran.stdout[-2000:] + ran.stderr[-2000:]
+    ran = _prefect(
+        "deployment",
+        "run",
+        "remediate/remediate",
+        "--param",
+        "device=a100-1:0",
+        "--param",
+        "reason=browser check",
+        "--watch",
+        env=env,
+    )
+    assert ran.returncode == 0 and "Completed" in ran.stdout, (
+        ran.stdout[-2000:] + ran.stderr[-2000:]
+    )
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"])))
+            runs = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"]))
+            )
     assert runs, "no remediate flow run on the server"
     run = runs[0]
     SHOTS.mkdir(exist_ok=True)
@@ -135,18 +180,31 @@ def test_prefect_ui_shows_the_remediation_run_and_its_artifact(plane: dict) -> N
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: `make test` installs Debian's chromium where it can (root + apt-get)")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium: `make test` installs Debian's chromium where it can (root + apt-get)",
+)
 def test_mlflow_compare_view_shows_speedup_and_convergence_delta(plane: dict) -> None:
     env = plane["client_env"]
-    done = _gpuflow("compare-precision", "--model", "llama-tiny", "--steps", "12", "--candidate", "bf16",
-                    env=env)
+    done = _gpuflow(
+        "compare-precision",
+        "--model",
+        "llama-tiny",
+        "--steps",
+        "12",
+        "--candidate",
+        "bf16",
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     parent = done.stdout.split("MLflow parent run:")[1].split()[0]
     import mlflow
 
     client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("gpuflow-compare-precision")
-    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    children = client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    )
     ids = json.dumps([r.info.run_id for r in children])
     url = f"{env['MLFLOW_TRACKING_URI']}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment.experiment_id])}"
     SHOTS.mkdir(exist_ok=True)

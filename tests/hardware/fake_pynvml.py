@@ -35,7 +35,13 @@ from typing import Any
 
 import pynvml as _real
 
-from gpuflow.hardware.skus import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, SkuSpec, mig_enum_names, sku
+from gpuflow.hardware.skus import (
+    MIG_COMPUTE_SLICES,
+    MIG_MEMORY_SLICES,
+    SkuSpec,
+    mig_enum_names,
+    sku,
+)
 
 # Constants are taken from nvidia-ml-py itself so their values cannot drift from it.
 _CONSTANT_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason", "nvmlEventType")

@@ -62,7 +62,12 @@ from gpuflow.tasks.edge.manifest import (
     parse_hop,
     verify_shard,
 )
-from gpuflow.tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, OipClient, OipError, channel_options
+from gpuflow.tasks.edge.serving.client import (
+    DEFAULT_MAX_MESSAGE_MB,
+    OipClient,
+    OipError,
+    channel_options,
+)
 from gpuflow.tasks.edge.serving.codec import (
     TensorCodecError,
     add_output,

@@ -22,7 +22,9 @@ def test_resnet_export_matches_torch(exported_digits) -> None:
     model = onnx.load(str(exported_digits.onnx_path))
     batch_dim = model.graph.input[0].type.tensor_type.shape.dim[0]
     assert batch_dim.dim_param  # the batch is dynamic: one shard serves any batch size
-    session = ort.InferenceSession(str(exported_digits.onnx_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(exported_digits.onnx_path), providers=["CPUExecutionProvider"]
+    )
     x = exported_digits.sample_inputs(batch=3)
     got = session.run(None, x)[0]
     want = torch_reference("resnet18-digits", x["input"])

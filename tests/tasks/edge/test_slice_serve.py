@@ -42,8 +42,13 @@ def _package(exported, profile, nodes, name: str = "digits"):
     result = plan_shards(exported, profile, nodes)
     root = deploy_mod.version_dir(name, version)
     packaged = package_plan(
-        exported.onnx_path, result.cuts, result.dp, root / "shards",
-        source_model=exported.model_name, opset=exported.opset, version=version,
+        exported.onnx_path,
+        result.cuts,
+        result.dp,
+        root / "shards",
+        source_model=exported.model_name,
+        opset=exported.opset,
+        version=version,
         segment_ms=result.segment_ms,
     )
     return version, result, packaged
@@ -86,9 +91,9 @@ def test_served_chain_equals_whole_model(exported_digits, digits_profile, mode) 
         assert check.passed, check
         assert check.max_abs_diff <= 1e-4
         metrics = measure_chain(deployment, exported_digits, requests=6, warmup=1)
-        assert metrics["throughput_rps"] > 0 and metrics["latency_p99_ms"] >= metrics[
-            "latency_p50_ms"
-        ]
+        assert (
+            metrics["throughput_rps"] > 0 and metrics["latency_p99_ms"] >= metrics["latency_p50_ms"]
+        )
         if mode == "forward":
             heads = [load_manifest(p.directory).next_hop for p in packaged]
             assert heads == [deployment.addresses[1], deployment.addresses[2], None]

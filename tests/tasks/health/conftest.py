@@ -9,11 +9,14 @@ from gpuflow.tasks.health.history import History, HistoryConfig, generate_histor
 from gpuflow.tasks.health.model import TrainConfig
 
 TINY_HISTORY = HistoryConfig.small(
-    nodes=40, days=60.0, background_segments=(80, 40, 80),
+    nodes=40,
+    days=60.0,
+    background_segments=(80, 40, 80),
     background_segment_s=(3600.0, 3600.0, 6 * 3600.0),
 )
-TINY_TRAIN = TrainConfig.small(epochs=2, hidden=8, max_background=1500,
-                               far_negatives_per_incident=8, batch_size=256)
+TINY_TRAIN = TrainConfig.small(
+    epochs=2, hidden=8, max_background=1500, far_negatives_per_incident=8, batch_size=256
+)
 TINY_GBT = GbtConfig(max_iter=20)
 
 

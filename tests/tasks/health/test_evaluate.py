@@ -25,14 +25,25 @@ def make_split() -> SplitData:
     weight = np.concatenate([np.ones(20), np.full(10, 100.0)])
     n = 30
     return SplitData(
-        name="t", buckets=np.zeros((n + W, 20), np.float32), end_row=np.arange(n) + W - 1,
-        t_end_s=t_end, ttf_s=ttf, seg=seg, weight=weight,
-        seg_ordinal=np.array([0, 1, 2]), seg_kind=np.array([0, 0, 1]),
+        name="t",
+        buckets=np.zeros((n + W, 20), np.float32),
+        end_row=np.arange(n) + W - 1,
+        t_end_s=t_end,
+        ttf_s=ttf,
+        seg=seg,
+        weight=weight,
+        seg_ordinal=np.array([0, 1, 2]),
+        seg_kind=np.array([0, 0, 1]),
         seg_fault=np.array([0, 1, -1]),
-        fail_ordinal=np.array([0, 1]), fail_kind=np.array(["hbm", "xid79"]),
-        fail_s=np.array([3000.0, 13_000.0]), fail_onset_s=np.array([0.0, 13_000.0]),
-        fail_lemon=np.array([False, False]), device_days=10.0, background_device_days=9.0,
-        sampled_background_device_days=0.1, window=W,
+        fail_ordinal=np.array([0, 1]),
+        fail_kind=np.array(["hbm", "xid79"]),
+        fail_s=np.array([3000.0, 13_000.0]),
+        fail_onset_s=np.array([0.0, 13_000.0]),
+        fail_lemon=np.array([False, False]),
+        device_days=10.0,
+        background_device_days=9.0,
+        sampled_background_device_days=0.1,
+        window=W,
     )
 
 

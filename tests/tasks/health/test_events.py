@@ -56,8 +56,9 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 
 def test_emit_sends_the_event(sent: list[dict]) -> None:
-    event_id = emit_health_risk("a100-0", 1, 0.93, {"remap_pending": 1.0, "xid_memory_log": 0.69},
-                                "NVIDIA A100-SXM4-40GB")
+    event_id = emit_health_risk(
+        "a100-0", 1, 0.93, {"remap_pending": 1.0, "xid_memory_log": 0.69}, "NVIDIA A100-SXM4-40GB"
+    )
     assert len(sent) == 1
     e = sent[0]
     assert str(e["id"]) == event_id and uuid.UUID(event_id)
@@ -66,7 +67,10 @@ def test_emit_sends_the_event(sent: list[dict]) -> None:
     assert e["payload"]["risk"] == pytest.approx(0.93)
     assert e["payload"]["top_features"] == {"remap_pending": 1.0, "xid_memory_log": 0.69}
     assert (e["payload"]["node"], e["payload"]["index"], e["payload"]["sku"]) == (
-        "a100-0", 1, "NVIDIA A100-SXM4-40GB")
+        "a100-0",
+        1,
+        "NVIDIA A100-SXM4-40GB",
+    )
 
 
 def test_bad_input_sends_nothing(sent: list[dict]) -> None:
@@ -78,6 +82,12 @@ def test_bad_input_sends_nothing(sent: list[dict]) -> None:
 
 
 def test_public_names_are_exported() -> None:
-    for name in ("score_fleet", "load_champion", "emit_health_risk", "resource_id_for",
-                 "EVENT_NAME", "DeviceRisk"):
+    for name in (
+        "score_fleet",
+        "load_champion",
+        "emit_health_risk",
+        "resource_id_for",
+        "EVENT_NAME",
+        "DeviceRisk",
+    ):
         assert name in events.__all__

@@ -27,9 +27,18 @@ T0 = 1_000_000 * BUCKET_S  # bucket-aligned
 
 def sample(t: float, node: str = "n0", index: int = 0, **kw) -> TelemetrySample:
     base = dict(
-        node=node, index=index, timestamp_s=t, present=True, temperature_c=50.0,
-        power_mw=200_000, energy_mj=0, utilization_ratio=0.5, memory_used_mb=20_000,
-        memory_total_mb=40_000, sm_clock_mhz=1410, power_limit_mw=400_000,
+        node=node,
+        index=index,
+        timestamp_s=t,
+        present=True,
+        temperature_c=50.0,
+        power_mw=200_000,
+        energy_mj=0,
+        utilization_ratio=0.5,
+        memory_used_mb=20_000,
+        memory_total_mb=40_000,
+        sm_clock_mhz=1410,
+        power_limit_mw=400_000,
     )
     base.update(kw)
     return TelemetrySample(**base)
@@ -48,17 +57,38 @@ def test_xid_classes_cover_the_critical_set() -> None:
 def test_bucket_aggregates_samples() -> None:
     fw = FleetWindows()
     # bucket 0: two samples; bucket 1: three samples with a hot one, errors and an XID.
-    feed(fw, [sample(T0, temperature_c=40.0, ecc_corrected_total=5),
-              sample(T0 + 5, temperature_c=42.0, ecc_corrected_total=6)])
-    feed(fw, [
-        sample(T0 + BUCKET_S, temperature_c=60.0, utilization_ratio=1.0, ecc_corrected_total=9),
-        sample(T0 + BUCKET_S + 5, temperature_c=70.0, utilization_ratio=0.0,
-               ecc_corrected_total=10, xids=(63,), remapped_rows_pending=True,
-               remapped_rows_correctable=1, clock_event_reasons=("SwThermalSlowdown",)),
-        sample(T0 + BUCKET_S + 10, temperature_c=65.0, utilization_ratio=0.5,
-               ecc_corrected_total=12, xids=(13, 79), remapped_rows_pending=True,
-               remapped_rows_correctable=1),
-    ])
+    feed(
+        fw,
+        [
+            sample(T0, temperature_c=40.0, ecc_corrected_total=5),
+            sample(T0 + 5, temperature_c=42.0, ecc_corrected_total=6),
+        ],
+    )
+    feed(
+        fw,
+        [
+            sample(T0 + BUCKET_S, temperature_c=60.0, utilization_ratio=1.0, ecc_corrected_total=9),
+            sample(
+                T0 + BUCKET_S + 5,
+                temperature_c=70.0,
+                utilization_ratio=0.0,
+                ecc_corrected_total=10,
+                xids=(63,),
+                remapped_rows_pending=True,
+                remapped_rows_correctable=1,
+                clock_event_reasons=("SwThermalSlowdown",),
+            ),
+            sample(
+                T0 + BUCKET_S + 10,
+                temperature_c=65.0,
+                utilization_ratio=0.5,
+                ecc_corrected_total=12,
+                xids=(13, 79),
+                remapped_rows_pending=True,
+                remapped_rows_correctable=1,
+            ),
+        ],
+    )
     w = fw.windows()
     assert w.shape == (1, fw.window, N_FEATURES)
     prev, cur = w[0, -2], w[0, -1]
@@ -124,9 +154,19 @@ def test_many_devices_and_save_load(tmp_path: Path) -> None:
     fw = FleetWindows()
     rng = np.random.default_rng(1)
     for k in range(15):
-        fw.update([sample(T0 + k * 60, node=f"n{i}", index=i % 2,
-                          temperature_c=float(rng.uniform(30, 80)),
-                          ecc_corrected_total=k) for i in range(6)], [1410.0] * 6)
+        fw.update(
+            [
+                sample(
+                    T0 + k * 60,
+                    node=f"n{i}",
+                    index=i % 2,
+                    temperature_c=float(rng.uniform(30, 80)),
+                    ecc_corrected_total=k,
+                )
+                for i in range(6)
+            ],
+            [1410.0] * 6,
+        )
     path = tmp_path / "w.npz"
     fw.save(path)
     back = FleetWindows.load(path)

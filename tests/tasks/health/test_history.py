@@ -76,8 +76,9 @@ def test_labels_and_weights(tiny_history: History) -> None:
     # background windows stand for the split's healthy device-time
     bg = sp.seg_kind[sp.seg] == 1
     assert np.all(np.isinf(sp.ttf_s[bg]))
-    assert sp.weight[bg].sum() == pytest.approx(sp.background_device_days * DAY_S / BUCKET_S,
-                                                rel=1e-6)
+    assert sp.weight[bg].sum() == pytest.approx(
+        sp.background_device_days * DAY_S / BUCKET_S, rel=1e-6
+    )
     assert np.all(sp.weight[~bg] == 1.0)
     # an HBM incident's remaps show up before its failure
     hbm = np.flatnonzero(sp.fail_kind == "hbm")
@@ -124,8 +125,16 @@ def test_counters_match_the_twin(gpuflow_home: Path) -> None:
     base = rec["ecc_base_s"]
     # history times count from the counters' base; the twin's are absolute
     fault_rel = {**fault, "onset_s": fault["onset_s"] - base}
-    dev = Device(rec["ordinal"], "a100-0", 0, 0, rec["sku"], rec["ambient_c"], rec["lemon"],
-                 rec["rate_per_day"])
+    dev = Device(
+        rec["ordinal"],
+        "a100-0",
+        0,
+        0,
+        rec["sku"],
+        rec["ambient_c"],
+        rec["lemon"],
+        rec["rate_per_day"],
+    )
     for _ in range(8):
         twin.advance(1700.0)
         s = twin.telemetry("a100-0", 0)
@@ -143,8 +152,13 @@ def test_counters_vec_matches_faults_module() -> None:
     dev = Device(3, "n", 0, 3, "NVIDIA A100-SXM4-40GB", 30.0, True, 0.01)
     fault = F.new_fault("hbm", "natural", 5 * DAY_S, 2 * DAY_S, 48)
     for t in np.linspace(0, 8 * DAY_S, 37):
-        rec = {"counters": F.zero_counters(), "lemon": True, "ordinal": 3, "ecc_base_s": 0.0,
-               "fault": fault}
+        rec = {
+            "counters": F.zero_counters(),
+            "lemon": True,
+            "ordinal": 3,
+            "ecc_base_s": 0.0,
+            "fault": fault,
+        }
         c, _, _ = counters_vec(dev, fault, np.array([t]))
         assert c[0, 0] == F.counters_at(rec, float(t))["ecc_corrected"]
 

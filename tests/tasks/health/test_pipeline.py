@@ -48,8 +48,11 @@ def test_record_register_and_load_champion(tiny_outcome) -> None:
     assert run.data.metrics["oracle_recall"] == 1.0
     assert "lstm_pr_auc" in run.data.metrics and "rules_precision" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(rec["run_id"], "evaluation")}
-    assert {"evaluation/pr_curve.png", "evaluation/lead_times.png",
-            "evaluation/summary.json"} <= arts
+    assert {
+        "evaluation/pr_curve.png",
+        "evaluation/lead_times.png",
+        "evaluation/summary.json",
+    } <= arts
     champion = load_champion()
     test = tiny_outcome  # the loaded champion scores exactly like the trained model
     w = np.random.default_rng(1).normal(size=(5, champion.window, 20)).astype(np.float32)

@@ -24,10 +24,30 @@ FLEET: dict[str, Any] = {
     "seed": 11,
     "faults": {"natural": False},
     "nodes": [
-        {"name": "a100-0", "region": "r1", "role": "active", "devices": [{"sku": "a100-40gb", "count": 2}]},
-        {"name": "a100-1", "region": "r1", "role": "active", "devices": [{"sku": "a100-40gb", "count": 2}]},
-        {"name": "a100-spare-0", "region": "r1", "role": "spare", "devices": [{"sku": "a100-40gb", "count": 2}]},
-        {"name": "v100-0", "region": "r2", "role": "active", "devices": [{"sku": "v100", "count": 1}]},
+        {
+            "name": "a100-0",
+            "region": "r1",
+            "role": "active",
+            "devices": [{"sku": "a100-40gb", "count": 2}],
+        },
+        {
+            "name": "a100-1",
+            "region": "r1",
+            "role": "active",
+            "devices": [{"sku": "a100-40gb", "count": 2}],
+        },
+        {
+            "name": "a100-spare-0",
+            "region": "r1",
+            "role": "spare",
+            "devices": [{"sku": "a100-40gb", "count": 2}],
+        },
+        {
+            "name": "v100-0",
+            "region": "r2",
+            "role": "active",
+            "devices": [{"sku": "v100", "count": 1}],
+        },
     ],
 }
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -45,8 +65,14 @@ def make_cluster(home: Path) -> GpuCluster:
 def small_spec(job_id: str, steps: int = 300, interval: int = 50) -> TrainSpec:
     """llama-tiny at a toy size: ~10 ms a step on one core, exact resume (fp32)."""
     return TrainSpec(
-        job_id=job_id, model="llama-tiny", steps=steps, checkpoint_interval=interval,
-        batch_size=2, seq_len=16, precision="fp32", eval_batches=1,
+        job_id=job_id,
+        model="llama-tiny",
+        steps=steps,
+        checkpoint_interval=interval,
+        batch_size=2,
+        seq_len=16,
+        precision="fp32",
+        eval_batches=1,
     )
 
 
@@ -101,7 +127,8 @@ class WebhookReceiver:
         from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
         return CustomWebhookNotificationBlock(
-            name="gpuflow-ops", url=self.url,
+            name="gpuflow-ops",
+            url=self.url,
             json_data={"subject": "{{subject}}", "body": "{{body}}"},
         )
 

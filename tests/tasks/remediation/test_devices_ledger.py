@@ -59,8 +59,9 @@ def test_jobs_on_device_takes_running_and_own_queued_jobs_only(inventory: Invent
 def test_same_event_twice_is_one_incident(inventory: Inventory) -> None:
     dev = inventory.devices()[0]
     ledger = L.Ledger(inventory.url)
-    first, dup = ledger.open_incident(dev, "predicted", "risk", risk=0.9, event_id="ev-1",
-                                      first_entry=(L.RISK_SEEN, "0.9"))
+    first, dup = ledger.open_incident(
+        dev, "predicted", "risk", risk=0.9, event_id="ev-1", first_entry=(L.RISK_SEEN, "0.9")
+    )
     assert dup is None and first.status == "open" and first.timeline[0]["what"] == L.RISK_SEEN
     again, dup = ledger.open_incident(dev, "predicted", "risk", event_id="ev-1")
     assert dup == "event" and again.incident_id == first.incident_id

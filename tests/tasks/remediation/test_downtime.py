@@ -33,8 +33,15 @@ HOUR = 3600.0
 
 
 def _one_job(**kw) -> FleetConfig:
-    return FleetConfig(n_gpus=8, gpus_per_job=8, horizon_days=10.0, checkpoint_cost_s=100.0,
-                       restart_overhead_s=600.0, migrate_cost_s=300.0, **kw)
+    return FleetConfig(
+        n_gpus=8,
+        gpus_per_job=8,
+        horizon_days=10.0,
+        checkpoint_cost_s=100.0,
+        restart_overhead_s=600.0,
+        migrate_cost_s=300.0,
+        **kw,
+    )
 
 
 def test_young_daly_interval() -> None:
@@ -95,7 +102,11 @@ def test_oracle_with_no_precursors_is_reactive_and_never_worse() -> None:
     table = summarize(per)
     # Its reduction cannot beat the share of failures that have a precursor (0.6) by much.
     assert 0.3 < table["oracle"]["reduction"] < 0.75
-    assert table["oracle"]["reduction_lo"] <= table["oracle"]["reduction"] <= table["oracle"]["reduction_hi"]
+    assert (
+        table["oracle"]["reduction_lo"]
+        <= table["oracle"]["reduction"]
+        <= table["oracle"]["reduction_hi"]
+    )
     # Relabelling classes keeps the failure times: reactive does not change.
     shifted = simulate(dataclasses.replace(cfg, precursor_share=0.9), [REACTIVE], seeds=40)
     assert np.array_equal(shifted["reactive"]["unplanned_h"], per["reactive"]["unplanned_h"])
@@ -115,7 +126,11 @@ def test_false_alarms_cost_planned_time_only() -> None:
 
 def test_intervals() -> None:
     m, lo, hi = mean_ci(np.array([1.0, 2.0, 3.0, 4.0]))
-    assert m == 2.5 and lo < m < hi and hi - m == pytest.approx(1.96 * np.std([1, 2, 3, 4], ddof=1) / 2)
+    assert (
+        m == 2.5
+        and lo < m < hi
+        and hi - m == pytest.approx(1.96 * np.std([1, 2, 3, 4], ddof=1) / 2)
+    )
     base = np.array([10.0, 12.0, 8.0, 11.0])
     point, lo, hi = reduction_ci(base, base * 0.5)
     assert point == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
@@ -125,15 +140,24 @@ def test_bench_uses_measured_health_figures_and_logs_to_mlflow(gpuflow_home) -> 
     # A health evaluation as tasks.health.pipeline logs it (only the metrics we read).
     exp = use_experiment("gpuflow-health")
     with mlflow.start_run(experiment_id=exp, run_name="health-train"):
-        mlflow.log_metrics({
-            "lstm_recall": 0.5, "lstm_recall_hbm": 0.75, "lstm_recall_thermal": 0.5,
-            "lstm_recall_xid79": 0.01, "lstm_fa_per_1000_device_days": 0.2,
-            "lstm_lead_p10_s": 400.0, "lstm_lead_p50_s": 900.0, "lstm_lead_p90_s": 1700.0,
-        })
+        mlflow.log_metrics(
+            {
+                "lstm_recall": 0.5,
+                "lstm_recall_hbm": 0.75,
+                "lstm_recall_thermal": 0.5,
+                "lstm_recall_xid79": 0.01,
+                "lstm_fa_per_1000_device_days": 0.2,
+                "lstm_lead_p10_s": 400.0,
+                "lstm_lead_p50_s": 900.0,
+                "lstm_lead_p90_s": 1700.0,
+            }
+        )
     preds, sources = downtime_bench.predictors(FleetConfig())
     lstm = next(p for p in preds if p.name == "lstm")
     assert lstm.recall["hbm"] == 0.75 and lstm.false_alarms_per_1000_device_days == 0.2
-    assert lstm.lead_quantiles_s == (400.0, 900.0, 1700.0) and sources["lstm"].startswith("measured")
+    assert lstm.lead_quantiles_s == (400.0, 900.0, 1700.0) and sources["lstm"].startswith(
+        "measured"
+    )
     assert sources["rules"].startswith("assumed")
 
     lines: list[str] = []
@@ -145,8 +169,16 @@ def test_bench_uses_measured_health_figures_and_logs_to_mlflow(gpuflow_home) -> 
     assert isinstance(claim["claim inside the lstm CI"], bool)
     run = mlflow.MlflowClient(tracking_uri()).get_run(out["setup"]["mlflow run"])
     assert "reduction_lstm" in run.data.metrics and "ettr_reactive" in run.data.metrics
-    artifacts = {a.path for a in mlflow.MlflowClient(tracking_uri()).list_artifacts(run.info.run_id, "plots")}
+    artifacts = {
+        a.path for a in mlflow.MlflowClient(tracking_uri()).list_artifacts(run.info.run_id, "plots")
+    }
     assert artifacts == {"plots/downtime_comparison.png", "plots/precursor_sweep.png"}
     children = mlflow.MlflowClient(tracking_uri()).search_runs(
-        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
-    assert sorted(c.data.tags["gpuflow.strategy"] for c in children) == ["lstm", "oracle", "reactive", "rules"]
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+    )
+    assert sorted(c.data.tags["gpuflow.strategy"] for c in children) == [
+        "lstm",
+        "oracle",
+        "reactive",
+        "rules",
+    ]

@@ -44,8 +44,9 @@ def test_runner_records_how_to_start_the_job_again(cluster, tmp_path) -> None:
 
 
 def test_storage_record_never_carries_credentials() -> None:
-    s3 = CheckpointStorage(kind="s3", bucket="b", access_key_id="AKIA1",
-                           secret_access_key=SecretStr("very-secret"))
+    s3 = CheckpointStorage(
+        kind="s3", bucket="b", access_key_id="AKIA1", secret_access_key=SecretStr("very-secret")
+    )
     fields = storage_fields(s3)
     assert "secret_access_key" not in fields and "access_key_id" not in fields
     assert "very-secret" not in str(storage_record(s3))
@@ -68,8 +69,10 @@ def test_a_job_whose_device_falls_off_the_bus_is_queued_for_remediation(cluster,
     reached = threading.Event()
     runner = InProcessRunner()
     handle = runner.start(
-        small_spec("run-xid", steps=5000, interval=20), CheckpointStorage(path=str(tmp_path)),
-        cluster, on_crash=lambda job, dev, err: crashes.append((job, dev, type(err).__name__)),
+        small_spec("run-xid", steps=5000, interval=20),
+        CheckpointStorage(path=str(tmp_path)),
+        cluster,
+        on_crash=lambda job, dev, err: crashes.append((job, dev, type(err).__name__)),
         step_hooks=(lambda info: reached.set() if info.step >= 30 else None,),
     )
     assert reached.wait(60)
@@ -89,27 +92,49 @@ def test_a_job_whose_device_falls_off_the_bus_is_queued_for_remediation(cluster,
 
 def _result() -> dict:
     return {
-        "device": "a100-0:1", "sku": "NVIDIA A100-SXM4-40GB", "trigger": "predicted",
-        "risk": 0.931, "status": "done", "incident_id": "inc-1", "reason": "health model risk",
+        "device": "a100-0:1",
+        "sku": "NVIDIA A100-SXM4-40GB",
+        "trigger": "predicted",
+        "risk": 0.931,
+        "status": "done",
+        "incident_id": "inc-1",
+        "reason": "health model risk",
         "isolation": {"target": "a100-0:1", "reason": "gpuflow-remediate inc-1"},
-        "spares_activated": ["a100-spare-0"], "unmanaged": ["serving-1"], "short": {},
-        "jobs": {"j1": {"status": "resumed", "target": "a100-spare-0:0",
-                        "checkpoint_id": "step-000000118", "checkpoint_how": "on-request"}},
+        "spares_activated": ["a100-spare-0"],
+        "unmanaged": ["serving-1"],
+        "short": {},
+        "jobs": {
+            "j1": {
+                "status": "resumed",
+                "target": "a100-spare-0:0",
+                "checkpoint_id": "step-000000118",
+                "checkpoint_how": "on-request",
+            }
+        },
     }
 
 
 def test_summary_and_timeline_say_what_happened() -> None:
     subject, body = summary(_result())
     assert "a100-0:1" in subject and "1 job(s) moved" in subject and "0.93" in subject
-    for text in ("spare node activated: a100-spare-0", "job j1: resumed on a100-spare-0:0 from "
-                 "step-000000118", "left alone (not a gpuflow job): serving-1"):
+    for text in (
+        "spare node activated: a100-spare-0",
+        "job j1: resumed on a100-spare-0:0 from step-000000118",
+        "left alone (not a gpuflow job): serving-1",
+    ):
         assert text in body
-    timeline = [{"at_s": 100.0, "what": L.RISK_SEEN, "detail": "risk 0.931"},
-                {"at_s": 100.5, "what": L.CHECKPOINT_WRITTEN, "job_id": "j1", "detail": "a|b"},
-                {"at_s": 101.25, "what": L.JOB_RESUMED, "job_id": "j1"}]
+    timeline = [
+        {"at_s": 100.0, "what": L.RISK_SEEN, "detail": "risk 0.931"},
+        {"at_s": 100.5, "what": L.CHECKPOINT_WRITTEN, "job_id": "j1", "detail": "a|b"},
+        {"at_s": 101.25, "what": L.JOB_RESUMED, "job_id": "j1"},
+    ]
     md = timeline_markdown(_result(), timeline)
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "what" not in ln]
-    assert [r.split("|")[3].strip() for r in rows] == [L.RISK_SEEN, L.CHECKPOINT_WRITTEN, L.JOB_RESUMED]
+    assert [r.split("|")[3].strip() for r in rows] == [
+        L.RISK_SEEN,
+        L.CHECKPOINT_WRITTEN,
+        L.JOB_RESUMED,
+    ]
     assert "| 1.25 |" in md and "a\\|b" in md
     refused = summary({"device": "x:9", "status": "rejected", "error": "unknown node 'x'"})
     assert "refused" in refused[0] and "unknown node" in refused[1]

@@ -67,7 +67,8 @@ def test_fail_over_promotes_a_spare_only_when_capacity_runs_short(cluster) -> No
     # No V100 anywhere else and no spare with one: a shortfall, reported, nothing promoted.
     fill(inv, V100, owner="v-filler")
     assert ensure_capacity(inv, [_job("j2", V100)], RemediationPolicy()) == {
-        "promoted": [], "short": {V100: 1}
+        "promoted": [],
+        "short": {V100: 1},
     }
     # use_spares off: short even though a spare could have helped.
     inv.set_node_role("a100-spare-0", "spare")
@@ -79,8 +80,10 @@ def _start(cluster, tmp_path, job_id: str, at_step: int = 30, steps: int = 400):
     runner = InProcessRunner()
     reached = threading.Event()
     handle = runner.start(
-        small_spec(job_id, steps=steps, interval=25), CheckpointStorage(path=str(tmp_path / "ck")),
-        cluster, step_hooks=(lambda info: reached.set() if info.step >= at_step else None,),
+        small_spec(job_id, steps=steps, interval=25),
+        CheckpointStorage(path=str(tmp_path / "ck")),
+        cluster,
+        step_hooks=(lambda info: reached.set() if info.step >= at_step else None,),
     )
     assert reached.wait(60), "the job never reached its first steps"
     return runner, handle
@@ -92,7 +95,9 @@ def test_checkpoint_and_stop_on_a_live_job_loses_no_step(cluster, tmp_path) -> N
     node, index = handle.segments[0].device.split(":")
     dev = inv.device(node, int(index))
     (job,), _ = jobs_on_device(inv, dev)
-    out = checkpoint_job(inv, job, device_present=True, policy=RemediationPolicy(), incident_id="inc-x")
+    out = checkpoint_job(
+        inv, job, device_present=True, policy=RemediationPolicy(), incident_id="inc-x"
+    )
     wait_until(lambda: handle.segments[0].ended_at_s is not None, 30, "the job to stop")
     seg = handle.segments[0]
     assert out.how == "on-request" and not out.fenced
@@ -109,7 +114,9 @@ def test_checkpoint_now_keeps_the_job_running(cluster, tmp_path) -> None:
     _runner, handle = _start(cluster, tmp_path, "ck-now", steps=150)
     node, index = handle.segments[0].device.split(":")
     (job,), _ = jobs_on_device(inv, inv.device(node, int(index)))
-    out = checkpoint_job(inv, job, device_present=True, policy=RemediationPolicy(), action=CHECKPOINT_NOW)
+    out = checkpoint_job(
+        inv, job, device_present=True, policy=RemediationPolicy(), action=CHECKPOINT_NOW
+    )
     assert out.how == "on-request" and out.step is not None
     assert handle.wait(60) and handle.finished and len(handle.segments) == 1
     assert inv.job("ck-now").state == "finished"
@@ -122,8 +129,9 @@ def test_silent_job_falls_back_to_its_periodic_checkpoint_and_is_fenced(cluster)
     inv.record_job("ck-silent", {"device": {}}, "running", [res.resource_id])
     inv.set_job_state("ck-silent", "running", last_checkpoint_id="step-000000040")
     (job,), _ = jobs_on_device(inv, inv.device(res.node, res.device_index))
-    out = checkpoint_job(inv, job, device_present=True,
-                         policy=RemediationPolicy(checkpoint_timeout_s=0.3))
+    out = checkpoint_job(
+        inv, job, device_present=True, policy=RemediationPolicy(checkpoint_timeout_s=0.3)
+    )
     assert out.how == "fallback" and out.checkpoint_id == "step-000000040" and out.step == 40
     assert out.fenced and inv.lease(res.resource_id) is None
     # The stale request is answered, so the relaunched job (same id) does not stop at once.
@@ -136,8 +144,19 @@ def test_migrate_without_launch_record_or_capacity_keeps_the_job_queued(cluster)
     inv = Inventory()
     res = inv.free_resources(sku=A100)[0]
     inv.record_job("mig-q", {"device": {}}, "queued", [res.resource_id])
-    job = JobOnDevice("mig-q", "queued", res.resource_id, "device", None, A100, "r1", False,
-                      "step-000000010", {}, None)
+    job = JobOnDevice(
+        "mig-q",
+        "queued",
+        res.resource_id,
+        "device",
+        None,
+        A100,
+        "r1",
+        False,
+        "step-000000010",
+        {},
+        None,
+    )
     ck = CheckpointOutcome("mig-q", "checkpoint-and-stop", "fallback", "step-000000010", 10, 0.0)
     out = migrate_job(cluster, job, ck, None)
     assert out.status == "queued" and "gpuflow train" in out.detail

@@ -35,7 +35,10 @@ RUN = textwrap.dedent(
 def _run(job: str, root: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", RUN, job, str(root), str(kill_at)],
-        capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[3],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).parents[3],
     )
 
 

@@ -17,7 +17,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, kserve_dtype, save_manifest
+from gpuflow.tasks.edge.manifest import (
+    ShardManifest,
+    TensorSpec,
+    file_sha256,
+    kserve_dtype,
+    save_manifest,
+)
 from gpuflow.tasks.edge.serving.server import ShardServer, start_shard_server
 
 OPSET = 17
