@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from gpuflow.tasks.training.storage import S3_MIN_PART_MB, CheckpointStore, LocalStorage, S3Storage
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, model_validator
-
-from gpuflow.tasks.training.storage import S3_MIN_PART_MB, CheckpointStore, LocalStorage, S3Storage
 
 if TYPE_CHECKING:  # torch is heavy; `prefect block register` should not pay for it
     from gpuflow.tasks.training.checkpoint import CheckpointManager

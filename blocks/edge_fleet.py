@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from gpuflow.tasks.edge.nodes import EdgeNode, default_nodes
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
-
-from gpuflow.tasks.edge.nodes import EdgeNode, default_nodes
 
 
 class EdgeFleet(Block):

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from gpuflow.hardware.backend import Backend
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
-
-from gpuflow.hardware.backend import Backend
 
 
 class GpuCluster(Block):

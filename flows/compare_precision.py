@@ -16,15 +16,14 @@ import json
 from typing import Any
 
 import mlflow
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.flows.train import train
 from gpuflow.tasks.tracking import use_experiment
 from gpuflow.tasks.training.binding import DeviceRequest
 from gpuflow.tasks.training.comparison import compare_results
 from gpuflow.tasks.training.spec import TrainSpec
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 
 EXPERIMENT = "gpuflow-compare-precision"
 

@@ -15,13 +15,6 @@ import json
 from typing import Literal
 
 import mlflow
-from prefect import flow, get_run_logger
-from prefect.artifacts import (
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
-
 from gpuflow.blocks.edge_fleet import EdgeFleet, load_fleet
 from gpuflow.tasks.edge.deploy import (
     Deployment,
@@ -41,6 +34,12 @@ from gpuflow.tasks.edge.profile import profile_task
 from gpuflow.tasks.edge.verify import DEFAULT_ATOL, check_task, local_latency_ms, measure_task
 from gpuflow.tasks.tracking import use_experiment
 from gpuflow.tasks.training.models.registry import model_spec
+from prefect import flow, get_run_logger
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 EXPERIMENT = "edge"
 STEPS = ("export", "profile", "plan", "package", "deploy", "check", "measure")

@@ -11,13 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    update_progress_artifact,
-)
-
 from gpuflow.tasks.health.baselines import GbtConfig
 from gpuflow.tasks.health.evaluate import DEFAULT_LEAD_MIN_S, DEFAULT_THRESHOLD
 from gpuflow.tasks.health.history import HistoryConfig
@@ -27,6 +20,12 @@ from gpuflow.tasks.health.pipeline import (
     load_history_task,
     log_outcome_task,
     train_and_evaluate_task,
+)
+from prefect import flow, get_run_logger
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
 )
 
 

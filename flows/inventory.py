@@ -7,12 +7,11 @@ sync ─┬─ telemetry(node 1) ─┐
 
 from __future__ import annotations
 
-from prefect import flow
-from prefect.artifacts import create_table_artifact
-
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.fleet import fleet_rows, partition_summary
 from gpuflow.tasks.inventory import collect_node_telemetry_task, sync_inventory_task
+from prefect import flow
+from prefect.artifacts import create_table_artifact
 
 
 @flow(name="inventory", log_prints=True)

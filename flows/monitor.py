@@ -12,13 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import (
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
-
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.health.monitor import (
     DEFAULT_THRESHOLD,
@@ -28,6 +21,12 @@ from gpuflow.tasks.health.monitor import (
     validate_thresholds,
 )
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, validate_interval_s
+from prefect import flow, get_run_logger
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 
 @flow(name="monitor", log_prints=True)

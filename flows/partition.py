@@ -6,9 +6,6 @@ validate ─┬─ snapshot(n) ─ apply(n) ─┐
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
-
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.partition import (
     apply_node_task,
@@ -17,6 +14,8 @@ from gpuflow.tasks.partition import (
     snapshot_node_task,
     validate_plan_task,
 )
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 
 
 @flow(name="partition", log_prints=True)

@@ -18,12 +18,6 @@ import re
 import uuid
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
-from prefect.blocks.notifications import NotificationBlock
-from prefect.events import DeploymentEventTrigger
-from prefect.exceptions import MissingContextError
-
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.tasks.cluster import load_cluster
@@ -48,6 +42,11 @@ from gpuflow.tasks.remediation.steps import (
     resolve_device,
     undo_isolation,
 )
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.blocks.notifications import NotificationBlock
+from prefect.events import DeploymentEventTrigger
+from prefect.exceptions import MissingContextError
 
 # The deployment trigger, as prefect.yaml writes it (`triggers:` entry of `remediate`).
 # Single-expression templates keep their type (Prefect renders them through tojson):

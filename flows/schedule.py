@@ -11,9 +11,6 @@ so a preempted job resumes as soon as its preemptor is done.
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.scheduling.launch import (
@@ -24,6 +21,8 @@ from gpuflow.tasks.scheduling.launch import (
 )
 from gpuflow.tasks.scheduling.model import SchedulerConfig
 from gpuflow.tasks.scheduling.runner import run_job_task
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 
 
 @flow(name="schedule", log_prints=True)

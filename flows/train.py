@@ -10,8 +10,6 @@ import json
 
 import mlflow
 import torch
-from prefect import flow, get_run_logger
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.remediation.launch import remember_launch
@@ -30,6 +28,7 @@ from gpuflow.tasks.training.job import (
 )
 from gpuflow.tasks.training.loop import trained_model
 from gpuflow.tasks.training.spec import TrainSpec
+from prefect import flow, get_run_logger
 
 
 def _on_failure(flow, flow_run, state) -> None:

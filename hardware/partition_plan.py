@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-
 from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,

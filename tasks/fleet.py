@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
-
 from gpuflow.hardware.backend import Backend, DeviceLostError, NodeInfo, TelemetrySample
 from gpuflow.hardware.health import HealthStatus, health_status
+from prefect import task
 
 
 def read_node_telemetry(backend: Backend, node: NodeInfo) -> list[TelemetrySample | None]:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import TelemetrySample
 from gpuflow.tasks.fleet import read_node_telemetry
+from prefect import task
+from prefect.cache_policies import NONE
 
 
 def sync_inventory(cluster: GpuCluster) -> dict[str, Any]:

@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.partition_plan import (
     apply_plan,
@@ -16,6 +13,8 @@ from gpuflow.hardware.partition_plan import (
     load_plan,
     plan_layouts,
 )
+from prefect import task
+from prefect.cache_policies import NONE
 
 
 def validate_plan(

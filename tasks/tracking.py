@@ -11,10 +11,9 @@ import time
 from typing import Any
 
 import mlflow
+from gpuflow.hardware.home import gpuflow_home
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
-
-from gpuflow.hardware.home import gpuflow_home
 
 
 def tracking_uri() -> str:

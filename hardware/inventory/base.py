@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Row, and_, or_, select
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.engine import (
@@ -29,6 +27,7 @@ from gpuflow.hardware.inventory.records import (
     NodeRecord,
     PartitionRecord,
 )
+from sqlalchemy import Connection, Engine, Row, and_, or_, select
 
 T = TypeVar("T")
 MAX_NAME_LEN = 255

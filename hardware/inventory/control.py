@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Row, insert, select, update
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name, check_seconds
 from gpuflow.hardware.inventory.records import CONTROL_ACTIONS, ControlRequest, ControlTimeoutError
+from sqlalchemy import Connection, Row, insert, select, update
 
 
 def _record(row: Row[Any]) -> ControlRequest:

@@ -20,13 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, insert, select
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.hardware.inventory import schema
+from sqlalchemy import Connection, Engine, create_engine, event, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
 BUSY_TIMEOUT_S = 30.0
 SQLITE_BEGIN = "gpuflow_sqlite_begin"  # execution option: "IMMEDIATE" (default) or "DEFERRED"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, insert, select, update
-
 from gpuflow.hardware.backend import InvalidRequestError, TelemetrySample
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import (
@@ -26,6 +24,7 @@ from gpuflow.hardware.inventory.records import (
     Resource,
 )
 from gpuflow.hardware.skus import sku as sku_spec
+from sqlalchemy import Connection, Row, delete, insert, select, update
 
 _TUPLE_FIELDS = ("clock_event_reasons", "xids")
 

@@ -7,12 +7,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, insert, select, update
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name
 from gpuflow.hardware.inventory.records import JOB_STATES, JobRecord
+from sqlalchemy import Connection, Row, insert, select, update
 
 _COLUMN_FIELDS = ("last_checkpoint_id", "resource_ids")
 

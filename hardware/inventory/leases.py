@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, insert, select, update
-
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import StoreBase, check_name, check_seconds
 from gpuflow.hardware.inventory.engine import WRITE_ATTEMPTS
@@ -23,6 +21,7 @@ from gpuflow.hardware.inventory.records import (
     LeaseNotHeldError,
     ResourceUnavailableError,
 )
+from sqlalchemy import Connection, Row, delete, insert, select, update
 
 
 class _LostRace(Exception):

@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
-
 from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,
@@ -36,6 +34,7 @@ from gpuflow.hardware.inventory.base import (
     mig_compute_slices,
 )
 from gpuflow.hardware.inventory.records import NODE_ROLES, SyncReport
+from sqlalchemy import Connection, delete, insert, select, update
 
 _DEVICE_FIELDS = (
     "node",

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.sim.hazard import HazardModel
 from gpuflow.hardware.skus import SkuSpec, sku

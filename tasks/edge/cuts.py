@@ -20,9 +20,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import numpy_helper
-
 from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY, TensorSpec, kserve_dtype
+from onnx import numpy_helper
 
 
 class CutError(ValueError):

@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from torch import nn
-
 from gpuflow.tasks.training.models.registry import build_model, model_spec
+from torch import nn
 
 DEFAULT_OPSET = 18
 INPUT_NAME = "input"

@@ -13,9 +13,8 @@ import ipaddress
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
-
 from gpuflow.tasks.edge.partition import NodeCapacity
+from pydantic import BaseModel, Field, field_validator
 
 LOOPBACK = "127.0.0.1"
 

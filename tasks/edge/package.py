@@ -17,7 +17,6 @@ from pathlib import Path
 
 import onnx
 import onnx.utils
-
 from gpuflow.tasks.edge.cuts import GraphCuts
 from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
 from gpuflow.tasks.edge.partition import Plan

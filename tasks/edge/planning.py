@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import onnx
-
 from gpuflow.tasks.edge.cuts import CutError, GraphCuts, bytes_per_item, find_cuts
 from gpuflow.tasks.edge.export import ExportedModel
 from gpuflow.tasks.edge.nodes import EdgeNode

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import onnxruntime as ort
-
 from gpuflow.tasks.edge.deploy import Deployment
 from gpuflow.tasks.edge.export import ExportedModel
 from gpuflow.tasks.edge.profile import session_options

@@ -18,12 +18,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier
-
 from gpuflow.hardware.health import HOT_TEMPERATURE_C
 from gpuflow.tasks.health.features import FEATURE_INDEX, FEATURES, summary_features
 from gpuflow.tasks.health.history import History, SplitData
 from gpuflow.tasks.health.model import TrainConfig, fit_calibration, training_indices, weighted_ap
+from sklearn.ensemble import HistGradientBoostingClassifier
 
 _TEMP = FEATURE_INDEX["temperature_c"]
 _PENDING = FEATURE_INDEX["remap_pending"]

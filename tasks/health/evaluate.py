@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import precision_recall_curve
-
 from gpuflow.tasks.health.history import SplitData
 from gpuflow.tasks.health.model import weighted_ap
+from sklearn.metrics import precision_recall_curve
 
 ABRUPT_CLASSES = ("xid79", "ecc-uncorrectable")
 CLASSES = ("hbm", "thermal", "xid79", "ecc-uncorrectable")

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from gpuflow.hardware.backend import TelemetrySample
 from gpuflow.hardware.health import CRITICAL_XIDS
 

@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from gpuflow.hardware.sim import faults as F
 from gpuflow.hardware.sim import physics
 from gpuflow.hardware.sim.hazard import (
@@ -63,6 +61,7 @@ from gpuflow.tasks.health.features import (
     WINDOW_BUCKETS,
     bucket_matrix,
 )
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SPLITS = ("train", "val", "test")
 ABRUPT_LOOKBACK_S = 24 * 3600.0  # incident segment of an abrupt failure: the day before

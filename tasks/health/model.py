@@ -22,12 +22,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from gpuflow.tasks.health.features import BUCKET_S, FEATURES, WINDOW_BUCKETS
+from gpuflow.tasks.health.history import History, SplitData
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 from torch import nn
-
-from gpuflow.tasks.health.features import BUCKET_S, FEATURES, WINDOW_BUCKETS
-from gpuflow.tasks.health.history import History, SplitData
 
 REGISTERED_MODEL = "gpuflow-health-lstm"
 CHAMPION_ALIAS = "champion"
@@ -312,10 +311,9 @@ def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> 
     """The model under ``alias`` in gpuflow's MLflow registry; cached per version, so a
     monitor loads it once and picks up a new champion on its next call."""
     import mlflow
+    from gpuflow.tasks.tracking import tracking_uri
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from gpuflow.tasks.tracking import tracking_uri
 
     uri = tracking_uri()
     # The registry follows the store explicitly: mlflow keeps a process-wide registry URI

@@ -23,9 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.hardware.backend import Backend
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
@@ -33,6 +30,8 @@ from gpuflow.tasks.health.features import FleetWindows
 from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
 from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks
+from prefect import task
+from prefect.cache_policies import NONE
 
 DEFAULT_THRESHOLD = 0.85
 CLEAR_RATIO = 0.8  # default clear threshold: 80 % of the alarm threshold
@@ -257,7 +256,6 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
         except LookupError:
             return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
     import mlflow
-
     from gpuflow.tasks.health.model import HealthLSTM
     from gpuflow.tasks.tracking import tracking_uri
 

@@ -20,10 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NONE
-from threadpoolctl import threadpool_limits
-
 from gpuflow.tasks.health.baselines import (
     GbtConfig,
     GbtHealthModel,
@@ -50,6 +46,9 @@ from gpuflow.tasks.health.model import (
     TrainConfig,
     train_lstm,
 )
+from prefect import task
+from prefect.cache_policies import NONE
+from threadpoolctl import threadpool_limits
 
 Progress = Callable[[str, float], None]
 # Calibrated risks of a 30-minute horizon are small: the grid is logarithmic below 0.1.
@@ -235,9 +234,8 @@ def log_outcome(
     registered as a new version of ``model_name`` with ``alias`` pointing at it."""
     import mlflow
     import torch
-    from mlflow.tracking import MlflowClient
-
     from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
+    from mlflow.tracking import MlflowClient
 
     experiment_id = use_experiment(experiment)
     uri = tracking_uri()

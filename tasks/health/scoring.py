@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
 from gpuflow.hardware.backend import Backend, TelemetrySample
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
 from gpuflow.tasks.health.features import FEATURES, FleetWindows

@@ -47,7 +47,6 @@ def predicted_fault_tour(
 ) -> dict[str, Any]:
     """Run the scenario on the twin in GPUFLOW_HOME; returns what happened."""
     import torch
-
     from gpuflow.blocks.checkpoint_storage import CheckpointStorage
     from gpuflow.blocks.gpu_cluster import GpuCluster
     from gpuflow.flows.remediate import remediate

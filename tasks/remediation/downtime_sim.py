@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
 from gpuflow.hardware.sim.hazard import (
     ABRUPT_KINDS,
     DAY_S,

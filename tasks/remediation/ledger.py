@@ -14,6 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import DeviceRecord
+from gpuflow.hardware.inventory.engine import default_url, make_engine, run_write
 from sqlalchemy import (
     JSON,
     Column,
@@ -29,10 +32,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-
-from gpuflow.hardware.backend import InvalidRequestError
-from gpuflow.hardware.inventory import DeviceRecord
-from gpuflow.hardware.inventory.engine import default_url, make_engine, run_write
 
 TRIGGERS = ("predicted", "reactive", "manual")
 # open: work in progress; waiting: some job is not running elsewhere yet (no healthy

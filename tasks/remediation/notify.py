@@ -14,12 +14,11 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuflow.hardware.backend import InvalidRequestError
 from prefect import task
 from prefect.blocks.core import Block
 from prefect.blocks.notifications import NotificationBlock
 from prefect.cache_policies import NONE
-
-from gpuflow.hardware.backend import InvalidRequestError
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prefect import task
-from prefect.cache_policies import NONE
-from pydantic import BaseModel, Field
-
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import Backend, DeviceLostError, HardwareError, InvalidRequestError
 from gpuflow.hardware.health import health_status
@@ -44,6 +40,9 @@ from gpuflow.tasks.remediation.launch import (
     storage_from_record,
 )
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
+from prefect import task
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 

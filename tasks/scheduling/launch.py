@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.tasks.scheduling.model import SchedulerConfig
 from gpuflow.tasks.scheduling.service import SchedulerService
 from gpuflow.tasks.worker_queues import queue_for_node
+from prefect import task
+from prefect.cache_policies import NONE
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
 from gpuflow.hardware.backend import HardwareError, InvalidRequestError
 from gpuflow.hardware.skus import sku as sku_spec
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 POLICIES = ("binpack", "spread", "first-fit")
 UNIT_KINDS = ("device", "mig", "vdcu")

@@ -15,11 +15,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.tasks.scheduling.service import SchedulerService
 from gpuflow.tasks.scheduling.train_placement import placement_for_train, release_placement
+from prefect import task
+from prefect.cache_policies import NONE
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,6 @@ def run_scheduled_job(
     """Train scheduled job ``job_id`` on its placement; returns the TrainResult as a dict
     with ``run_id`` and ``resource_id``. Raises if the job has no train spec."""
     import mlflow
-
     from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
     from gpuflow.tasks.training.binding import DeviceRequest
     from gpuflow.tasks.training.job import EXPERIMENT, preflight, result_metrics, run_training

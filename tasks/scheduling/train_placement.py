@@ -13,12 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.tasks.scheduling.model import JobRequest, NoCapacityError, SchedulerConfig
 from gpuflow.tasks.scheduling.service import SchedulerService, is_scheduled
+from prefect import task
+from prefect.cache_policies import NONE
 
 
 def request_from_device(device: Any, job_id: str, priority: int = 0) -> JobRequest:

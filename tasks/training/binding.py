@@ -6,11 +6,10 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, Field
-
 from gpuflow.hardware.backend import Backend, InvalidRequestError
 from gpuflow.hardware.inventory import Inventory, Lease, LeaseConflictError, Resource
 from gpuflow.hardware.skus import SkuSpec, sku
+from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.serialization import config as torch_serialization_config
-
 from gpuflow.tasks.training.storage import CheckpointStore, ObjectNotFoundError, StorageError
+from torch.utils.serialization import config as torch_serialization_config
 
 log = logging.getLogger(__name__)
 

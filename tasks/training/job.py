@@ -9,9 +9,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
@@ -20,6 +17,8 @@ from gpuflow.tasks.training.loop import StepInfo, TrainResult, build_workload, t
 from gpuflow.tasks.training.spec import TrainSpec
 from gpuflow.tasks.training.utilization import DeviceUtilization
 from gpuflow.tasks.worker_queues import owned_node
+from prefect import task
+from prefect.cache_policies import NONE
 
 log = logging.getLogger(__name__)
 

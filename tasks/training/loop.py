@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-
 from gpuflow.hardware.skus import SkuSpec
 from gpuflow.tasks.training.checkpoint import (
     CheckpointManager,

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from gpuflow.hardware.skus import SkuSpec
 
 logger = logging.getLogger(__name__)

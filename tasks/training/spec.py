@@ -6,9 +6,8 @@ import re
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
-
 from gpuflow.tasks.training.models import MODELS, model_spec
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

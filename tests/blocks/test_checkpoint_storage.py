@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.training.storage import LocalStorage, S3Storage
+from pydantic import ValidationError
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 

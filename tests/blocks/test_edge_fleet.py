@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
-
 from gpuflow.blocks.edge_fleet import EdgeFleet, load_fleet
 from gpuflow.tasks.edge.nodes import EdgeNode, NodeUnreachableError, check_reachable, free_port
+from pydantic import ValidationError
 
 
 def test_default_fleet_is_loopback_nodes() -> None:

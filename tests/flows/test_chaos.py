@@ -21,7 +21,6 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.flows.remediate import crash_handler, remediate
 from gpuflow.hardware.inventory import Inventory
@@ -35,6 +34,7 @@ from gpuflow.tasks.remediation.launch import RUNNER
 from gpuflow.tasks.tracking import tracking_uri, use_experiment
 from gpuflow.tasks.training.loop import train_loop
 from gpuflow.tasks.training.storage import LocalStorage
+
 from tests.tasks.remediation.helpers import A100, WebhookReceiver, fill, make_cluster, small_spec
 
 pytestmark = pytest.mark.integration

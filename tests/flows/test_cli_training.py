@@ -10,10 +10,9 @@ from pathlib import Path
 
 import boto3
 import pytest
-from prefect.settings import PREFECT_API_URL
-
 from gpuflow.tasks.training.checkpoint import CheckpointManager
 from gpuflow.tasks.training.storage import LocalStorage
+from prefect.settings import PREFECT_API_URL
 
 pytestmark = pytest.mark.integration
 

@@ -11,18 +11,13 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import gpuflow.flows.edge_deploy as flow_mod
 import mlflow
 import numpy as np
 import onnx
 import pytest
-from prefect import task
-from prefect.cache_policies import NONE
-from typer.testing import CliRunner
-
-import gpuflow.flows.edge_deploy as flow_mod
 from gpuflow.blocks.edge_fleet import EdgeFleet
 from gpuflow.flows.edge_deploy import edge_deploy
-from gpuflow.cli_edge import app as edge_app
 from gpuflow.tasks.edge.deploy import (
     SERVER_MODULE,
     Deployment,
@@ -37,6 +32,11 @@ from gpuflow.tasks.edge.nodes import NodeUnreachableError
 from gpuflow.tasks.edge.package import package_plan
 from gpuflow.tasks.edge.verify import chain_infer, reference_outputs
 from gpuflow.tasks.tracking import tracking_uri
+from prefect import task
+from prefect.cache_policies import NONE
+from typer.testing import CliRunner
+
+from gpuflow.cli_edge import app as edge_app
 
 pytestmark = pytest.mark.integration
 

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpuflow.flows.remediate import TRIGGER_SPEC
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.tasks.health.events import EVENT_NAME, emit_health_risk
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter
 from prefect.events import DeploymentEventTrigger
 from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL
 
-from gpuflow.flows.remediate import TRIGGER_SPEC
-from gpuflow.hardware.inventory import Inventory
-from gpuflow.tasks.health.events import EVENT_NAME, emit_health_risk
 from tests.tasks.remediation.helpers import A100, WebhookReceiver, make_cluster, wait_until
 
 pytestmark = pytest.mark.integration

@@ -7,18 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from prefect.artifacts import Artifact
-from prefect.settings import PREFECT_API_URL
-
 import gpuflow.tasks.partition as partition_tasks
+import pytest
 from gpuflow.blocks import CheckpointStorage, GpuCluster
 from gpuflow.flows.inventory import inventory
 from gpuflow.flows.partition import partition
-from gpuflow.demo import tour_plan_path
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.hardware.partition_plan import export_layout
 from gpuflow.hardware.sim import SimBackend
+from prefect.artifacts import Artifact
+from prefect.settings import PREFECT_API_URL
+
+from gpuflow.demo import tour_plan_path
 
 pytestmark = pytest.mark.integration
 PLAN = str(tour_plan_path())

@@ -6,16 +6,16 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from typer.testing import CliRunner
-
 from gpuflow.flows.health_train import health_train
 from gpuflow.flows.monitor import monitor
-from gpuflow.cli_health import app
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.tasks.health.baselines import GbtConfig
 from gpuflow.tasks.health.events import EVENT_NAME, resource_id_for
 from gpuflow.tasks.health.history import HistoryConfig
 from gpuflow.tasks.health.model import TrainConfig
+from typer.testing import CliRunner
+
+from gpuflow.cli_health import app
 
 TINY_HISTORY = HistoryConfig.small(
     nodes=40,

@@ -6,21 +6,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import gpuflow.flows.remediate as remediate_module
 import pytest
 import torch
-from prefect import task
-from typer.testing import CliRunner
-
-import gpuflow.flows.remediate as remediate_module
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.flows.remediate import crash_handler, remediate
-from gpuflow import cli_remediate
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation.launch import RUNNER
 from gpuflow.tasks.training.binding import DeviceRequest
+from prefect import task
+from typer.testing import CliRunner
+
+from gpuflow import cli_remediate
 from tests.tasks.remediation.helpers import (
     WebhookReceiver,
     make_cluster,

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.flows.schedule import schedule
@@ -111,10 +110,10 @@ def test_preempted_training_resumes_from_its_checkpoint_with_no_steps_lost(tmp_p
 
 
 def test_drain_places_and_reports_without_launching() -> None:
+    from gpuflow.tasks.scheduling.launch import resolve_launch
     from typer.testing import CliRunner
 
     from gpuflow.cli_schedule import app
-    from gpuflow.tasks.scheduling.launch import resolve_launch
 
     assert resolve_launch("auto", "train/train") == "in-process"  # no train deployment here
     runner = CliRunner()

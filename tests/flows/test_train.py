@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import mlflow
 import pytest
-from pydantic import SecretStr
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.flows.compare_precision import compare_precision
 from gpuflow.flows.train import train
@@ -16,6 +14,7 @@ from gpuflow.tasks.training.binding import DeviceRequest
 from gpuflow.tasks.training.checkpoint import CheckpointManager, ModelMismatchError
 from gpuflow.tasks.training.precision import PrecisionError
 from gpuflow.tasks.training.spec import TrainSpec
+from pydantic import SecretStr
 
 pytestmark = pytest.mark.integration
 

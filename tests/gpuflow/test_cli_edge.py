@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuflow.tasks.edge.manifest import verify_shard
 from typer.testing import CliRunner
 
 from gpuflow.cli_edge import app
-from gpuflow.tasks.edge.manifest import verify_shard
 
 
 def test_plan_prints_both_splits_and_packages(tmp_path: Path) -> None:

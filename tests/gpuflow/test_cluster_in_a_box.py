@@ -115,11 +115,10 @@ def _wait(what: str, check, timeout_s: float, every_s: float = 1.0):
 @pytest.mark.timeout(900)
 def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatch) -> None:
     _in_box(box, monkeypatch)
+    from gpuflow.hardware.inventory import Inventory
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from gpuflow.hardware.inventory import Inventory
 
     api = box["client_env"]["PREFECT_API_URL"]
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml as _real
-
 from gpuflow.hardware.skus import (
     MIG_COMPUTE_SLICES,
     MIG_MEMORY_SLICES,

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpuflow.hardware import hygon_parse as hp
 from gpuflow.hardware.backend import (
     HardwareError,

@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from gpuflow.hardware.backend import (
     Backend,
     DeviceInfo,

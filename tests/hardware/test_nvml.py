@@ -7,7 +7,6 @@ import inspect
 
 import pynvml
 import pytest
-
 from gpuflow.hardware.backend import (
     DeviceLostError,
     HardwareError,

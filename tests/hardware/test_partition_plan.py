@@ -6,9 +6,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from gpuflow.hardware.backend import (
     Backend,
     HardwareError,
@@ -32,6 +29,8 @@ from gpuflow.hardware.partition_plan import (
 )
 from gpuflow.hardware.placement import LayoutError
 from gpuflow.hardware.skus import SKU_ALIASES, sku
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 PLANS = Path(__file__).parent / "plans"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "partition-plans"

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
-
 from gpuflow.tasks.edge.serving.client import OipClient
 from gpuflow.tasks.edge.serving.handoff import map_outputs_to_inputs
 

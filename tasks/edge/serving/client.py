@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-
 from gpuflow.tasks.edge.manifest import parse_hop
 from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
 from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb

@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
 from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY, kserve_dtype
 from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
 

@@ -52,8 +52,6 @@ from types import TracebackType
 import grpc
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-
 from gpuflow.tasks.edge.manifest import (
     ManifestError,
     ShardIntegrityError,
@@ -77,6 +75,7 @@ from gpuflow.tasks.edge.serving.codec import (
 from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
 from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
 from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 log = logging.getLogger(__name__)
 

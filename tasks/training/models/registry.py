@@ -15,10 +15,9 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
-from torch import nn
-
 from gpuflow.tasks.training.models.llama import Llama, LlamaConfig
 from gpuflow.tasks.training.models.resnet import RESNET_LAYOUTS, resnet
+from torch import nn
 
 Task = Literal["lm", "image"]
 Family = Literal["llama", "resnet"]

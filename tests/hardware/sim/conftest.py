@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from gpuflow.hardware.sim import SimBackend
 
 # The default fleet with natural faults off, so a test sees only what it injects.

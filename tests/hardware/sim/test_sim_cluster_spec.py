@@ -5,7 +5,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.sim import ClusterSpec, load_cluster_spec
 from gpuflow.hardware.sim.cluster_spec import ClusterSpecError

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.sim import SimBackend
 

@@ -4,7 +4,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from gpuflow.hardware.backend import DeviceLostError, HardwareError, InvalidRequestError
 from gpuflow.hardware.sim import FAULT_KINDS, SimBackend
 from gpuflow.hardware.sim import hazard as H

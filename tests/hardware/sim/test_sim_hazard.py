@@ -3,7 +3,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from gpuflow.hardware.sim import hazard as H
 
 DAY = H.DAY_S

@@ -4,9 +4,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from gpuflow.hardware.backend import (
     DeviceLostError,
     HardwareError,
@@ -17,6 +14,8 @@ from gpuflow.hardware.backend import (
 from gpuflow.hardware.placement import LayoutError
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.hardware.skus import sku
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 def test_v100_refuses_mig(quiet: SimBackend) -> None:

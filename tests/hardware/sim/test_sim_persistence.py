@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from gpuflow.hardware.backend import DeviceLostError, HardwareError, PartitionRequest
 from gpuflow.hardware.select import get_backend
 from gpuflow.hardware.sim import SimBackend

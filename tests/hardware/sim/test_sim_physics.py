@@ -6,13 +6,12 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from gpuflow.hardware.backend import HardwareError
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.hardware.sim import physics as P
 from gpuflow.hardware.skus import SKUS, sku
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize("name", sorted(SKUS))

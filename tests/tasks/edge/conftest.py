@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from gpuflow.tasks.edge.deploy import SERVER_MODULE
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-
 from gpuflow.tasks.edge.cuts import CutError, find_cuts, live_tensor_counts
+from onnx import TensorProto, helper
 
 
 def _model(nodes, extra_outputs=(), initializers=()) -> onnx.ModelProto:

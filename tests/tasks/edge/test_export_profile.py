@@ -9,7 +9,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from gpuflow.tasks.edge.cuts import find_cuts
 from gpuflow.tasks.edge.export import EXPORT_INFO_FILE, export_model, torch_reference
 from gpuflow.tasks.edge.profile import _summarise, profile_nodes, segment_costs_ms

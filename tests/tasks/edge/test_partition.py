@@ -7,7 +7,6 @@ import math
 import random
 
 import pytest
-
 from gpuflow.tasks.edge.partition import (
     ChainCosts,
     NodeCapacity,

@@ -13,8 +13,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
-
 from gpuflow.tasks.edge import deploy as deploy_mod
 from gpuflow.tasks.edge.cuts import CutError
 from gpuflow.tasks.edge.deploy import (
@@ -33,6 +31,7 @@ from gpuflow.tasks.edge.package import package_plan
 from gpuflow.tasks.edge.partition import PartitionError
 from gpuflow.tasks.edge.planning import plan_shards
 from gpuflow.tasks.edge.verify import check_chain, measure_chain
+from onnx import TensorProto, helper
 
 from .conftest import running_servers
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuflow.tasks.health.baselines import GbtConfig
 from gpuflow.tasks.health.history import History, HistoryConfig, generate_history
 from gpuflow.tasks.health.model import TrainConfig

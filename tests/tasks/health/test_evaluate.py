@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpuflow.tasks.health.evaluate import episodes, evaluate_scores, random_threshold_for
 from gpuflow.tasks.health.history import SplitData
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
 from gpuflow.tasks.health import events
 from gpuflow.tasks.health.events import (
     EVENT_NAME,

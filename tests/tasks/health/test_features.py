@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from gpuflow.hardware.backend import TelemetrySample
 from gpuflow.hardware.health import CRITICAL_XIDS
 from gpuflow.tasks.health.features import (

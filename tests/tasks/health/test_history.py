@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.hardware.sim import faults as F
 from gpuflow.hardware.sim.hazard import DAY_S, device_schedule

@@ -3,7 +3,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from gpuflow.tasks.health.baselines import RuleModel, random_scores, rule_scores
 from gpuflow.tasks.health.features import FEATURE_INDEX, N_FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.history import History

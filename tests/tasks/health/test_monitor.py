@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.tasks.health.baselines import RuleModel
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk

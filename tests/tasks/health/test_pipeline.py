@@ -6,12 +6,11 @@ import math
 
 import numpy as np
 import pytest
-from mlflow.tracking import MlflowClient
-
 from gpuflow.tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL, load_champion
 from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
 from gpuflow.tasks.health.pipeline import log_outcome, score_split
 from gpuflow.tasks.tracking import tracking_uri
+from mlflow.tracking import MlflowClient
 
 
 def test_outcome_compares_every_model(tiny_outcome) -> None:

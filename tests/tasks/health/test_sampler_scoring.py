@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuflow.hardware.backend import DeviceLostError, TelemetrySample
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.tasks.health.baselines import RuleModel

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.hardware.sim import SimBackend

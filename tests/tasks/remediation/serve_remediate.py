@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from prefect import serve
-
 from gpuflow.flows.remediate import remediate_deployment
+from prefect import serve
 
 if __name__ == "__main__":
     name, notify_block = sys.argv[1], sys.argv[2]

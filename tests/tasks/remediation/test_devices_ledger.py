@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.tasks.health.events import parse_resource_id, resource_id_for
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation.devices import jobs_on_device, parse_device_ref
+
 from tests.tasks.remediation.helpers import A100, make_cluster
 
 

@@ -9,8 +9,6 @@ import random
 import mlflow
 import numpy as np
 import pytest
-
-from gpuflow.bench import downtime_bench
 from gpuflow.hardware.sim.hazard import DAY_S, HazardModel
 from gpuflow.tasks.remediation.downtime_sim import (
     REACTIVE,
@@ -28,6 +26,8 @@ from gpuflow.tasks.remediation.downtime_sim import (
     summarize,
 )
 from gpuflow.tasks.tracking import tracking_uri, use_experiment
+
+from gpuflow.bench import downtime_bench
 
 HOUR = 3600.0
 

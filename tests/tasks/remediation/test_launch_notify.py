@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from pydantic import SecretStr
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
 from gpuflow.hardware.inventory import Inventory, LeaseNotHeldError
@@ -21,6 +19,8 @@ from gpuflow.tasks.remediation.launch import (
     storage_record,
 )
 from gpuflow.tasks.remediation.notify import resolve_notifier, send, summary, timeline_markdown
+from pydantic import SecretStr
+
 from tests.tasks.remediation.helpers import WebhookReceiver, make_cluster, small_spec
 
 

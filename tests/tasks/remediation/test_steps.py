@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.tasks.remediation.devices import JobOnDevice, jobs_on_device
@@ -21,6 +20,7 @@ from gpuflow.tasks.remediation.steps import (
     migrate_job,
     undo_isolation,
 )
+
 from tests.tasks.remediation.helpers import A100, fill, make_cluster, small_spec, wait_until
 
 V100 = "Tesla V100-SXM2-32GB"

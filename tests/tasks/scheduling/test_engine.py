@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuflow.tasks.scheduling.model import (
     Growth,
     HoldChange,
@@ -12,6 +11,7 @@ from gpuflow.tasks.scheduling.model import (
     QueueFullError,
     SubmissionRefused,
 )
+
 from tests.tasks.scheduling.helpers import A100, DCU, V100, make_engine
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import Resource
 from gpuflow.tasks.scheduling.env import gpu_product, kubernetes_job_variables, run_environment

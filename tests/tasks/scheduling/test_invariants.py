@@ -8,10 +8,6 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-
 from gpuflow.tasks.scheduling.model import (
     DONE_STATES,
     LIVE_STATES,
@@ -20,6 +16,10 @@ from gpuflow.tasks.scheduling.model import (
     Preemption,
     SubmissionRefused,
 )
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from tests.tasks.scheduling.helpers import A100, DCU, V100, make_engine
 
 SHAPES = st.one_of(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuflow.tasks.scheduling.model import JobRequest, Placement, Preemption
 from gpuflow.tasks.scheduling.preemption import Candidate, choose_victims
+
 from tests.tasks.scheduling.helpers import A100, V100, make_engine
 
 

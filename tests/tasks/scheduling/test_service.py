@@ -4,7 +4,6 @@ the device, preemption through the control channel, lost runners, cancel, train 
 from __future__ import annotations
 
 import pytest
-
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.tasks.scheduling.model import (
     JobRequest,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from gpuflow.bench.scheduler_bench import mixed_gang_cost
 from gpuflow.tasks.scheduling.model import SchedulerConfig
 from gpuflow.tasks.scheduling.simulate import Simulator
 from gpuflow.tasks.scheduling.trace import fleet_gpus, study_fleet, summarize, synthetic_trace
+
+from gpuflow.bench.scheduler_bench import mixed_gang_cost
 
 
 def test_trace_shape_and_determinism() -> None:

@@ -16,7 +16,6 @@ REGION = "us-east-1"
 def s3_bucket(s3_server: str):
     """A fresh bucket; yields an S3Storage on it with S3's smallest multipart sizes (5 MiB)."""
     import boto3
-
     from gpuflow.tasks.training.storage import S3Storage
 
     name = f"ckpt-{uuid.uuid4().hex[:12]}"

@@ -12,8 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-from gpuflow.bench.checkpoint_bench import measure_checkpoint_throughput
 from gpuflow.tasks.training.checkpoint import (
     MANIFEST_NAME,
     CheckpointCorruptError,
@@ -26,6 +24,8 @@ from gpuflow.tasks.training.checkpoint import (
     restore_rng_state,
 )
 from gpuflow.tasks.training.storage import LocalStorage, S3Storage
+
+from gpuflow.bench.checkpoint_bench import measure_checkpoint_throughput
 
 LOGGER = "gpuflow.tasks.training.checkpoint"
 

@@ -7,7 +7,6 @@ import socket
 
 import pytest
 import torch
-
 from gpuflow.tasks.training.data import (
     DATASETS,
     ImageBatchSampler,

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from gpuflow.tasks.training.data import DATASETS
 from gpuflow.tasks.training.models import (
     MODELS,

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from gpuflow.hardware.skus import sku
 from gpuflow.tasks.training import precision
 from gpuflow.tasks.training.precision import (

@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import torch
-
 from gpuflow.tasks.training.checkpoint import CheckpointManager
 from gpuflow.tasks.training.storage import LocalStorage
 

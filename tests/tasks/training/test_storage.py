@@ -7,7 +7,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-
 from gpuflow.tasks.training.storage import (
     BucketNotFoundError,
     CheckpointStore,

@@ -15,8 +15,6 @@ import onnx
 import onnx.utils
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from gpuflow.tasks.edge.manifest import (
     ShardManifest,
     TensorSpec,
@@ -25,6 +23,7 @@ from gpuflow.tasks.edge.manifest import (
     save_manifest,
 )
 from gpuflow.tasks.edge.serving.server import ShardServer, start_shard_server
+from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 # A boundary tensor of 1.6 M float32 = 6.4 MB, over gRPC's 4 MiB default message limit.

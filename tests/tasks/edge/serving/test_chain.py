@@ -7,7 +7,6 @@ import socket
 import grpc
 import numpy as np
 import pytest
-
 from gpuflow.tasks.edge.serving.chain import (
     ChainDriver,
     pipelined_driver,

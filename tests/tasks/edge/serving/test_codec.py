@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY
 from gpuflow.tasks.edge.serving.codec import (
     TensorCodecError,

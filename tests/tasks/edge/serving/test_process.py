@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from gpuflow.tasks.edge.serving.client import OipClient
 from gpuflow.tasks.edge.serving.process import ShardStartError, server_argv, start_shard_process
 from gpuflow.tasks.edge.serving.server import EXIT_INTEGRITY_ERROR, EXIT_STARTUP_ERROR

@@ -10,7 +10,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-
 from gpuflow.tasks.edge.manifest import ManifestError, ShardIntegrityError, load_manifest
 from gpuflow.tasks.edge.serving.client import OipClient, OipError
 from gpuflow.tasks.edge.serving.codec import build_infer_request

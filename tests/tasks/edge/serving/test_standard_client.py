@@ -7,7 +7,6 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
-
 from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
 from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
