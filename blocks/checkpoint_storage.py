@@ -1,16 +1,20 @@
-"""CheckpointStorage: where a training job's checkpoints go (a local folder or S3)."""
+"""CheckpointStorage: where a training job's checkpoints go (a local folder or S3).
+
+The block is configuration only; tasks.training.storage.open_store turns it into a store
+and tasks.training.checkpoint.checkpoint_manager into a job's CheckpointManager.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from gpuflow.tasks.training.storage import S3_MIN_PART_MB, CheckpointStore, LocalStorage, S3Storage
+from gpuflow.hardware.home import gpuflow_home
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, model_validator
 
-if TYPE_CHECKING:  # torch is heavy; `prefect block register` should not pay for it
-    from gpuflow.tasks.training.checkpoint import CheckpointManager
+# S3 refuses multipart parts under 5 MiB (except the last one).
+S3_MIN_PART_MB = 5
 
 
 class CheckpointStorage(Block):
@@ -72,30 +76,4 @@ class CheckpointStorage(Block):
         """The folder a local store writes to (GPUFLOW_HOME/checkpoints when path is empty)."""
         if self.path:
             return Path(self.path).expanduser()
-        from gpuflow.hardware.home import gpuflow_home
-
         return gpuflow_home() / "checkpoints"
-
-    def store(self, verify: bool = True) -> CheckpointStore:
-        """The configured store; for S3, ``verify`` checks the bucket and credentials now."""
-        if self.kind == "local":
-            return LocalStorage(self.local_root())
-        return S3Storage(
-            bucket=self.bucket,
-            prefix=self.prefix,
-            endpoint_url=self.endpoint_url or None,
-            region_name=self.region_name or None,
-            access_key_id=self.access_key_id or None,
-            secret_access_key=self.secret_access_key if self.access_key_id else None,
-            multipart_threshold_mb=self.multipart_threshold_mb,
-            multipart_chunk_mb=self.multipart_chunk_mb,
-            verify=verify,
-        )
-
-    def manager(self, job_id: str, expected_model: str | None = None) -> CheckpointManager:
-        """A CheckpointManager for ``job_id`` on this store, keeping ``keep_last``."""
-        from gpuflow.tasks.training.checkpoint import CheckpointManager
-
-        return CheckpointManager(
-            self.store(), job_id, keep_last=self.keep_last, expected_model=expected_model
-        )

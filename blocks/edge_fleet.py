@@ -1,10 +1,55 @@
-"""EdgeFleet: the edge nodes a sliced model is deployed over, in chain order."""
+"""EdgeFleet: the edge nodes a sliced model is deployed over, in chain order, and EdgeNode,
+the configuration of one of them (plain pydantic: tasks/edge reads it without Prefect).
+
+Shards are launched as local processes (``launch="local"``): the node's ``host`` must be
+an address of this machine (loopback by default), and ``cpus`` pins the process to those
+cores so that several "nodes" on one box do not share cores (an emulated fleet).
+"""
 
 from __future__ import annotations
 
-from gpuflow.tasks.edge.nodes import EdgeNode, default_nodes
+from typing import Literal
+
 from prefect.blocks.core import Block
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
+
+LOOPBACK = "127.0.0.1"
+
+
+class EdgeNode(BaseModel):
+    """One edge node of a fleet."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="Node name.")
+    host: str = Field(default=LOOPBACK, description="Address the shard server listens on.")
+    base_port: int = Field(
+        default=0, ge=0, le=65535, description="First port to try; 0 = any free port."
+    )
+    speed: float = Field(default=1.0, gt=0, description="Speed relative to the profiled machine.")
+    link_mb_s: float | None = Field(
+        default=None, gt=0, description="Link bandwidth in MB/s (10**6 bytes); None = free."
+    )
+    memory_mb: float | None = Field(
+        default=None, gt=0, description="Memory for a shard's weights in MB; None = no limit."
+    )
+    cpus: list[int] | None = Field(
+        default=None, description="Cores to pin the shard process to (emulates separate boxes)."
+    )
+    intra_op_threads: int = Field(default=1, ge=0, description="onnxruntime threads (0 = auto).")
+    launch: Literal["local"] = Field(default="local", description="How shards are started.")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_valid(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(c < 0 for c in value)):
+            raise ValueError(f"cpus must be a non-empty list of core ids >= 0, got {value!r}")
+        return value
+
+
+def default_nodes(count: int = 4) -> list[EdgeNode]:
+    """``count`` loopback nodes (the default fleet), each with one onnxruntime thread."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    return [EdgeNode(name=f"edge-{i}") for i in range(count)]
 
 
 class EdgeFleet(Block):

@@ -68,8 +68,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 
 
 def _fleet(nodes: int, fleet_block: str | None, speed: list[float] | None, link: float | None):
-    from gpuflow.blocks.edge_fleet import EdgeFleet, load_fleet
-    from gpuflow.tasks.edge.nodes import EdgeNode
+    from gpuflow.blocks.edge_fleet import EdgeFleet, EdgeNode, load_fleet
 
     if fleet_block:
         return load_fleet(fleet_block)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuflow.blocks.gpu_cluster import GpuCluster
-from gpuflow.hardware.partition_plan import (
+from gpuflow.hardware.partition import (
     apply_plan,
     dump_yaml,
     export_layout,

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
 from gpuflow.tasks.edge.export import ExportedModel, cached_export
-from gpuflow.tasks.edge.nodes import EdgeNode
 from gpuflow.tasks.edge.package import package_plan
 from gpuflow.tasks.edge.planning import PlanResult, plan_shards
 from gpuflow.tasks.edge.profile import NodeProfile, profile_nodes

@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.tasks.edge.manifest import load_manifest, save_manifest, verify_shard
-from gpuflow.tasks.edge.nodes import EdgeNode, check_reachable, free_port
+from gpuflow.tasks.edge.nodes import check_reachable, free_port
 
 Mode = Literal["forward", "driver"]
 DEPLOYMENT_FILE = "deployment.json"

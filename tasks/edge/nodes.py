@@ -1,4 +1,5 @@
-"""Edge nodes as gpuflow sees them: where a shard runs and what the partitioner may assume.
+"""Edge nodes at work: whether a shard can be served at a node, on which port, and what the
+partitioner may assume of it. A node's configuration (EdgeNode) is the EdgeFleet block's.
 
 Shards are launched as local processes (``launch="local"``): the node's ``host`` must be an
 address of this machine (loopback by default), and ``cpus`` pins the process to those cores
@@ -11,55 +12,18 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-from typing import Literal
 
+from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.partition import NodeCapacity
-from pydantic import BaseModel, Field, field_validator
-
-LOOPBACK = "127.0.0.1"
 
 
 class NodeUnreachableError(ConnectionError):
     """A node's address cannot be reached (or served on) from here."""
 
 
-class EdgeNode(BaseModel):
-    """One edge node of a fleet."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="Node name.")
-    host: str = Field(default=LOOPBACK, description="Address the shard server listens on.")
-    base_port: int = Field(
-        default=0, ge=0, le=65535, description="First port to try; 0 = any free port."
-    )
-    speed: float = Field(default=1.0, gt=0, description="Speed relative to the profiled machine.")
-    link_mb_s: float | None = Field(
-        default=None, gt=0, description="Link bandwidth in MB/s (10**6 bytes); None = free."
-    )
-    memory_mb: float | None = Field(
-        default=None, gt=0, description="Memory for a shard's weights in MB; None = no limit."
-    )
-    cpus: list[int] | None = Field(
-        default=None, description="Cores to pin the shard process to (emulates separate boxes)."
-    )
-    intra_op_threads: int = Field(default=1, ge=0, description="onnxruntime threads (0 = auto).")
-    launch: Literal["local"] = Field(default="local", description="How shards are started.")
-
-    @field_validator("cpus")
-    @classmethod
-    def _cpus_valid(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and (not value or any(c < 0 for c in value)):
-            raise ValueError(f"cpus must be a non-empty list of core ids >= 0, got {value!r}")
-        return value
-
-    def capacity(self) -> NodeCapacity:
-        return NodeCapacity(self.name, self.speed, self.link_mb_s, self.memory_mb)
-
-
-def default_nodes(count: int = 4) -> list[EdgeNode]:
-    """``count`` loopback nodes (the default fleet), each with one onnxruntime thread."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    return [EdgeNode(name=f"edge-{i}") for i in range(count)]
+def node_capacity(node: EdgeNode) -> NodeCapacity:
+    """What the partitioner may assume of ``node``: its speed, link and memory."""
+    return NodeCapacity(node.name, node.speed, node.link_mb_s, node.memory_mb)
 
 
 def check_reachable(node: EdgeNode, timeout_s: float = 2.0) -> None:

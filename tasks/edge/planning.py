@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import onnx
+from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.cuts import CutError, GraphCuts, bytes_per_item, find_cuts
 from gpuflow.tasks.edge.export import ExportedModel
-from gpuflow.tasks.edge.nodes import EdgeNode
+from gpuflow.tasks.edge.nodes import node_capacity
 from gpuflow.tasks.edge.partition import (
     ChainCosts,
     PartitionError,
@@ -72,7 +73,7 @@ def plan_shards(
         )
     segment_ms = segment_costs_ms(profile, cuts.node_names, cuts.segments)
     costs = chain_costs(cuts, segment_ms)
-    capacities = [n.capacity() for n in nodes[:k]]
+    capacities = [node_capacity(n) for n in nodes[:k]]
     sizes = [len(s) for s in cuts.segments]
     dp = optimal_split(costs, capacities, batch=profile.batch)
     equal = equal_op_split(costs, capacities, sizes, batch=profile.batch)

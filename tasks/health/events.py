@@ -1,13 +1,14 @@
-"""The health-risk event contract (DESIGN.md section 3) and the public entry points.
+"""The health-risk event contract (DESIGN.md section 3).
 
-Other parts (remediation, the lead's CLI and demo) import from here only:
+What the parts that react to risk (remediation, the CLI, the tour) need of it:
 
 - ``EVENT_NAME`` and ``resource_id_for(node, index)``: what a deployment trigger matches;
 - ``DeviceRisk``: one scored device;
-- ``emit_health_risk(...)``: send the event, returns its id;
-- ``score_fleet(backend, model)`` and ``load_champion()``: thin re-exports of
-  tasks.health.scoring / tasks.health.model (imported lazily so that importing this
-  module does not pull torch in).
+- ``emit_health_risk(...)``: send the event, returns its id.
+
+Scoring a fleet is tasks.health.scoring (``score_fleet``), the registered model
+tasks.health.model (``load_champion``); this module imports neither, so it stays light
+(no torch) and scoring can build on it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gpuflow.hardware.backend import Backend
-    from gpuflow.tasks.health.model import HealthModel
+from typing import Any
 
 EVENT_NAME = "gpuflow.device.health-risk"
 RESOURCE_PREFIX = "gpuflow.device."
@@ -127,28 +124,12 @@ def emit_health_risk(
     return str(event_id)
 
 
-def score_fleet(backend: Backend, model: HealthModel | None = None) -> list[DeviceRisk]:
-    """Sample and score every device the backend sees (see tasks.health.scoring)."""
-    from gpuflow.tasks.health.scoring import score_fleet as _score_fleet
-
-    return _score_fleet(backend, model)
-
-
-def load_champion() -> HealthModel:
-    """The registered champion model (``models:/gpuflow-health-lstm@champion``)."""
-    from gpuflow.tasks.health.model import load_champion as _load_champion
-
-    return _load_champion()
-
-
 __all__ = [
     "DEVICE_LOST_REASON",
     "EVENT_NAME",
     "DeviceRisk",
     "emit_health_risk",
     "health_risk_payload",
-    "load_champion",
     "parse_resource_id",
     "resource_id_for",
-    "score_fleet",
 ]

@@ -113,7 +113,7 @@ class JobRequest(BaseModel):
     def _profile(cls, value: str | None) -> str | None:
         if value is None or value == VDCU:
             return value
-        from gpuflow.hardware.partition_plan import normalize_profile
+        from gpuflow.hardware.partition import normalize_profile
 
         return normalize_profile(value)  # raises ValueError on a malformed name
 

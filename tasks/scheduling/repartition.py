@@ -2,7 +2,7 @@
 
 A proposal is a list of steps, one per device: partitions to destroy (only free ones) and
 partitions to create. Each step also renders as a partition plan in mig-parted's format
-(hardware.partition_plan), scoped to that one device, so an operator can review it or
+(hardware.partition), scoped to that one device, so an operator can review it or
 apply it with ``gpuflow hw partition apply``. Fitting uses the same exact placement search
 as the partition plans (hardware.placement.fit_mig), memoised per (SKU, layout, profile):
 a fleet of thousands of devices has only a handful of distinct layouts.

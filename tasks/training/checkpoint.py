@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from gpuflow.tasks.training.storage import CheckpointStore, ObjectNotFoundError, StorageError
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.tasks.training.storage import (
+    CheckpointStore,
+    ObjectNotFoundError,
+    StorageError,
+    open_store,
+)
 from torch.utils.serialization import config as torch_serialization_config
 
 log = logging.getLogger(__name__)
@@ -542,3 +548,13 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(torch.as_tensor(cuda_state, dtype=torch.uint8).cpu(), index)
     elif cuda_states:
         log.warning("checkpoint has CUDA RNG state but CUDA is not available; not restored")
+
+
+def checkpoint_manager(
+    config: CheckpointStorage, job_id: str, expected_model: str | None = None
+) -> CheckpointManager:
+    """A CheckpointManager for ``job_id`` on the store ``config`` names (checking an S3
+    store now), keeping the block's ``keep_last``."""
+    return CheckpointManager(
+        open_store(config), job_id, keep_last=config.keep_last, expected_model=expected_model
+    )

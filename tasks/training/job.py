@@ -13,8 +13,10 @@ from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
+from gpuflow.tasks.training.checkpoint import checkpoint_manager
 from gpuflow.tasks.training.loop import StepInfo, TrainResult, build_workload, train_loop
 from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.storage import open_store
 from gpuflow.tasks.training.utilization import DeviceUtilization
 from gpuflow.tasks.worker_queues import owned_node
 from prefect import task
@@ -45,7 +47,7 @@ def preflight(
     backend = cluster.get_backend()
     sku = sku_of(device.sku) if device.sku else None
     workload = build_workload(spec, torch_device_for(backend), sku)  # validates the policy
-    manager = storage.manager(spec.job_id, expected_model=workload.fingerprint)  # checks S3
+    manager = checkpoint_manager(storage, spec.job_id, expected_model=workload.fingerprint)
     latest = manager.latest(expected_model=workload.fingerprint)  # another model's: error
     return {"resume_from": latest.checkpoint_id if latest else None, "backend": backend.name}
 
@@ -130,7 +132,7 @@ def run_training(
     try:
         result = train_loop(
             spec,
-            storage.store(),
+            open_store(storage),
             device=binding.torch_device,
             sku=binding.sku,
             utilization=probe,

@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
+from gpuflow.blocks.checkpoint_storage import S3_MIN_PART_MB, CheckpointStorage
 from pydantic import SecretStr
 
-# S3 refuses multipart parts under 5 MiB (except the last one).
-S3_MIN_PART_MB = 5
 _TEMP_MARK = ".tmp-"
 _COPY_CHUNK_BYTES = 8 << 20
 
@@ -465,3 +464,21 @@ class _MemoryReader(io.RawIOBase):
         chunk = bytes(self._data[self._pos : end])
         self._pos += len(chunk)
         return chunk
+
+
+def open_store(config: CheckpointStorage, verify: bool = True) -> CheckpointStore:
+    """The store a CheckpointStorage block configures; for S3, ``verify`` checks the bucket
+    and the credentials now, before any job relies on them."""
+    if config.kind == "local":
+        return LocalStorage(config.local_root())
+    return S3Storage(
+        bucket=config.bucket,
+        prefix=config.prefix,
+        endpoint_url=config.endpoint_url or None,
+        region_name=config.region_name or None,
+        access_key_id=config.access_key_id or None,
+        secret_access_key=config.secret_access_key if config.access_key_id else None,
+        multipart_threshold_mb=config.multipart_threshold_mb,
+        multipart_chunk_mb=config.multipart_chunk_mb,
+        verify=verify,
+    )

@@ -1,4 +1,4 @@
-"""The CheckpointStorage block: validation, the store it builds, secrets kept secret."""
+"""The CheckpointStorage block: validation, the store it configures, secrets kept secret."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
-from gpuflow.tasks.training.storage import LocalStorage, S3Storage
+from gpuflow.tasks.training.checkpoint import checkpoint_manager
+from gpuflow.tasks.training.storage import LocalStorage, S3Storage, open_store
 from pydantic import ValidationError
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
@@ -15,7 +16,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 def test_default_is_local_under_gpuflow_home(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("GPUFLOW_HOME", str(tmp_path / "home"))
     block = CheckpointStorage()
-    store = block.store()
+    store = open_store(block)
     assert isinstance(store, LocalStorage)
     assert store.root == (tmp_path / "home" / "checkpoints").resolve()
     assert store.root.is_dir()
@@ -23,7 +24,7 @@ def test_default_is_local_under_gpuflow_home(tmp_path: Path, monkeypatch) -> Non
 
 def test_local_path_and_manager(tmp_path: Path) -> None:
     block = CheckpointStorage(path=str(tmp_path / "ckpts"), keep_last=2)
-    manager = block.manager("job-7")
+    manager = checkpoint_manager(block, "job-7")
     assert manager.keep_last == 2 and manager.job_id == "job-7"
     manager.save({"sampler": {"position": 1}}, 1, {})
     assert (tmp_path / "ckpts" / "job-7" / "step-000000001" / "manifest.json").is_file()
@@ -41,7 +42,7 @@ def test_s3_store_carries_every_setting() -> None:
         multipart_threshold_mb=32,
         multipart_chunk_mb=8,
     )
-    store = block.store(verify=False)  # nothing listens on port 9: no call is made
+    store = open_store(block, verify=False)  # nothing listens on port 9: no call is made
     assert isinstance(store, S3Storage)
     assert (store.bucket, store.prefix, store.endpoint_url) == (
         "team-ckpts",

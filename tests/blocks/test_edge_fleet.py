@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from gpuflow.blocks.edge_fleet import EdgeFleet, load_fleet
-from gpuflow.tasks.edge.nodes import EdgeNode, NodeUnreachableError, check_reachable, free_port
+from gpuflow.blocks.edge_fleet import EdgeFleet, EdgeNode, load_fleet
+from gpuflow.tasks.edge.nodes import (
+    NodeUnreachableError,
+    check_reachable,
+    free_port,
+    node_capacity,
+)
 from pydantic import ValidationError
 
 
@@ -19,7 +24,7 @@ def test_default_fleet_is_loopback_nodes() -> None:
 
 def test_nodes_carry_speed_link_and_memory() -> None:
     fleet = EdgeFleet.loopback(2, speed=2.0, link_mb_s=100.0, memory_mb=512.0)
-    capacity = fleet.nodes[1].capacity()
+    capacity = node_capacity(fleet.nodes[1])
     assert (capacity.name, capacity.speed, capacity.link_mb_s, capacity.memory_mb) == (
         "edge-1",
         2.0,

@@ -13,7 +13,7 @@ from gpuflow.blocks import CheckpointStorage, GpuCluster
 from gpuflow.flows.inventory import inventory
 from gpuflow.flows.partition import partition
 from gpuflow.hardware.inventory import Inventory
-from gpuflow.hardware.partition_plan import export_layout
+from gpuflow.hardware.partition import export_layout
 from gpuflow.hardware.sim import SimBackend
 from prefect.artifacts import Artifact
 from prefect.settings import PREFECT_API_URL

@@ -14,6 +14,7 @@ from gpuflow.tasks.training.binding import DeviceRequest
 from gpuflow.tasks.training.checkpoint import CheckpointManager, ModelMismatchError
 from gpuflow.tasks.training.precision import PrecisionError
 from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.storage import open_store
 from pydantic import SecretStr
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def test_train_records_run_and_releases_lease(tmp_path) -> None:
     inventory = Inventory()
     assert inventory.leases(owner="flow-local") == []
     assert inventory.job("flow-local").state == "finished"
-    ids = [c.checkpoint_id for c in CheckpointManager(storage.store(), "flow-local").list()]
+    ids = [c.checkpoint_id for c in CheckpointManager(open_store(storage), "flow-local").list()]
     assert ids[-1] == "step-000000030"
 
 
@@ -94,11 +95,11 @@ def test_refusals_come_before_any_lease(tmp_path) -> None:
     assert Inventory().leases() == []
     # A checkpoint of another model under the same job id: refused, nothing overwritten.
     train(_spec("flow-mix", steps=10), storage=storage, log_model=False)
-    before = CheckpointManager(storage.store(), "flow-mix").list()
+    before = CheckpointManager(open_store(storage), "flow-mix").list()
     other = TrainSpec(job_id="flow-mix", model="byte-lm", steps=10)
     with pytest.raises(ModelMismatchError):
         train(other, storage=storage, log_model=False)
-    assert CheckpointManager(storage.store(), "flow-mix").list() == before
+    assert CheckpointManager(open_store(storage), "flow-mix").list() == before
 
 
 def test_train_with_s3_checkpoints(s3_server: str) -> None:

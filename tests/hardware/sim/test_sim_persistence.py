@@ -49,7 +49,7 @@ def test_a_fault_injected_in_another_process_shows_in_telemetry(
 ) -> None:
     assert quiet.telemetry("a100-0", 1).xids == ()  # this instance has read the device once
     code = (
-        "from hardware.sim import SimBackend; "
+        "from gpuflow.hardware.sim import SimBackend; "
         "r = SimBackend().inject_fault('a100-0', 1, 'xid79'); "
         "print(r['xids'])"
     )

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from gpuflow.blocks.edge_fleet import EdgeNode, default_nodes
 from gpuflow.tasks.edge import deploy as deploy_mod
 from gpuflow.tasks.edge.cuts import CutError
 from gpuflow.tasks.edge.deploy import (
@@ -26,7 +27,7 @@ from gpuflow.tasks.edge.deploy import (
 )
 from gpuflow.tasks.edge.export import ExportedModel, torch_reference
 from gpuflow.tasks.edge.manifest import ShardIntegrityError, load_manifest, verify_shard
-from gpuflow.tasks.edge.nodes import EdgeNode, NodeUnreachableError, default_nodes
+from gpuflow.tasks.edge.nodes import NodeUnreachableError
 from gpuflow.tasks.edge.package import package_plan
 from gpuflow.tasks.edge.partition import PartitionError
 from gpuflow.tasks.edge.planning import plan_shards

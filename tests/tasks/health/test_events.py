@@ -82,8 +82,6 @@ def test_bad_input_sends_nothing(sent: list[dict]) -> None:
 
 def test_public_names_are_exported() -> None:
     for name in (
-        "score_fleet",
-        "load_champion",
         "emit_health_risk",
         "resource_id_for",
         "EVENT_NAME",

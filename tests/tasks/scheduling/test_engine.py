@@ -150,7 +150,7 @@ def test_proposes_repartitioning_an_idle_device_as_a_plan() -> None:
     (entry,) = next(iter(plan["mig-configs"].values()))
     assert entry["mig-devices"] == {"2g.10gb": 3} and entry["devices"] == [1]
     # The plan parses as a partition plan of the foundation.
-    from gpuflow.hardware.partition_plan import parse_plan
+    from gpuflow.hardware.partition import parse_plan
 
     parse_plan(plan)
     # Nobody else can take the device while it is being cut.
