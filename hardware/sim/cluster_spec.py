@@ -246,7 +246,7 @@ def _parse_faults(raw: object, source: str) -> FaultSettings:
 def load_cluster_spec(path: Path | None = None) -> ClusterSpec:
     """Read and validate a cluster spec; None reads the packaged default fleet."""
     if path is None:
-        res = importlib.resources.files("hardware").joinpath("data/default_cluster.yaml")
+        res = importlib.resources.files("gpuflow.hardware.data").joinpath("default_cluster.yaml")
         text = res.read_text(encoding="utf-8")
         source = "<packaged default>"
     else:
