@@ -14,21 +14,21 @@ nothing was moved.
 from __future__ import annotations
 
 import logging
-import re
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuflow.blocks.gpu_cluster import GpuCluster
-from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.backend import Backend, InvalidRequestError
+from gpuflow.hardware.inventory import DeviceRecord, Inventory
 from gpuflow.tasks.cluster import load_cluster
-from gpuflow.tasks.health.events import DEVICE_LOST_REASON, EVENT_NAME
+from gpuflow.tasks.health.events import EVENT_NAME
 from gpuflow.tasks.remediation import ledger as L
-from gpuflow.tasks.remediation.devices import jobs_on_device
+from gpuflow.tasks.remediation import plan
+from gpuflow.tasks.remediation.devices import JobOnDevice, jobs_on_device
 from gpuflow.tasks.remediation.launch import CrashHandler, crash_is_hardware
-from gpuflow.tasks.remediation.notify import resolve_notifier, send_task, summary, timeline_markdown
+from gpuflow.tasks.remediation.notify import report, resolve_notifier, send_task, summary
 from gpuflow.tasks.remediation.steps import (
-    CHECKPOINT_AND_STOP,
-    CHECKPOINT_NOW,
     RemediationPolicy,
     checkpoint_job_task,
     device_condition,
@@ -42,8 +42,8 @@ from gpuflow.tasks.remediation.steps import (
     resolve_device,
     undo_isolation,
 )
+from gpuflow.tasks.training.binding import Binding
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 from prefect.blocks.notifications import NotificationBlock
 from prefect.events import DeploymentEventTrigger
 from prefect.exceptions import MissingContextError
@@ -65,36 +65,30 @@ TRIGGER_SPEC: dict[str, Any] = {
     },
 }
 
+Logger = logging.Logger | logging.LoggerAdapter
+
 
 def remediate_trigger(**overrides: Any) -> DeploymentEventTrigger:
     spec = {k: v for k, v in TRIGGER_SPEC.items() if k != "type"} | overrides
     return DeploymentEventTrigger(**spec)
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter:
+def _logger() -> Logger:
     try:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(__name__)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:60] or "device"
+def _run_id() -> str:
+    try:
+        from prefect.runtime import flow_run
 
-
-def _features(payload: dict[str, Any]) -> dict[str, Any]:
-    found = payload.get("top_features", payload.get("features"))
-    if isinstance(found, dict):
-        return found
-    if isinstance(found, list):  # [[name, value], ...] or [{"name":..., "value":...}]
-        out: dict[str, Any] = {}
-        for item in found:
-            if isinstance(item, dict) and "name" in item:
-                out[str(item["name"])] = item.get("value")
-            elif isinstance(item, list | tuple) and len(item) == 2:
-                out[str(item[0])] = item[1]
-        return out
-    return {}
+        if flow_run.id:
+            return f"flow-run-{flow_run.id}"
+    except Exception:  # noqa: BLE001 - outside a run: any unique id will do
+        pass
+    return f"remediate-{uuid.uuid4().hex[:12]}"
 
 
 @flow(name="remediate", log_prints=True)
@@ -114,55 +108,25 @@ def remediate(
 ) -> dict[str, Any]:
     """Remediate one device: ``device`` "NODE:INDEX" or an event's ``resource_id``."""
     logger = _logger()
-    policy = policy or RemediationPolicy()
-    payload = payload or {}
-    if risk is None and isinstance(payload.get("risk"), int | float):
-        risk = float(payload["risk"])
-    features = _features(payload)
-    if trigger == "predicted" and payload.get("reason") == DEVICE_LOST_REASON:
-        trigger = "reactive"  # the monitor saw the device gone: nothing was predicted
-    if not reason and payload:
-        why = str(payload.get("reason") or "model")
-        reason = "health model risk" if why == "model" else why
+    signal = plan.read_signal(trigger, reason, risk, payload)
     cluster = cluster or load_cluster(cluster_block)
     inventory, backend = cluster.get_inventory(), cluster.get_backend()
     channel = resolve_notifier(notifier or notify_block)  # a bad name fails before any change
-    result: dict[str, Any] = {
-        "device": device or resource_id,
-        "trigger": trigger,
-        "risk": risk,
-        "reason": reason,
-        "features": features,
-        "jobs": {},
-        "spares_activated": [],
-        "unmanaged": [],
-        "duplicate": None,
-    }
-
-    # -- which device -------------------------------------------------------------------
-    try:
-        ref = device_ref_from(device, resource_id)
-        result["device"] = str(ref)
-        record = resolve_device(inventory, backend, ref)
-    except InvalidRequestError as exc:
-        logger.error("remediation refused: %s", exc)
-        result.update(status="rejected", error=str(exc))
-        subject, body = summary(result)
-        result["notified"] = send_task(channel, subject, body)
-        raise
-    result["sku"] = record.sku
+    result = plan.new_result(device or resource_id, signal)
+    record = _which_device(inventory, backend, device, resource_id, channel, result, logger)
     condition = device_condition(backend, record)
-    result["condition"] = condition
+    result.update(sku=record.sku, condition=condition)
+
     ledger = L.Ledger(inventory.url)
     worker = _run_id()
     incident, duplicate = open_incident(
         ledger,
         inventory,
         record,
-        trigger=trigger,
-        reason=reason,
-        risk=risk,
-        features=features,
+        trigger=signal.trigger,
+        reason=signal.reason,
+        risk=signal.risk,
+        features=signal.features,
         event_id=event_id,
         condition=condition,
         claim_by=worker,
@@ -179,233 +143,178 @@ def remediate(
         return result | {"status": incident.status}
     if duplicate == "device":
         if not ledger.claim(iid, worker):
-            logger.info("%s: incident %s is being handled by another run: nothing to do", ref, iid)
+            logger.info(
+                "%s: incident %s is being handled by another run: nothing to do",
+                result["device"],
+                iid,
+            )
             return result | {"status": incident.status, "busy": True}
-        logger.info("%s already has incident %s (%s): re-checking it", ref, iid, incident.status)
-    try:
-        return _steps(
-            cluster,
-            inventory,
-            backend,
-            ledger,
-            incident,
-            duplicate,
-            record,
-            condition,
-            policy,
-            channel,
-            result,
-            reason,
-            trigger,
-            risk,
-            logger,
+        logger.info(
+            "%s already has incident %s (%s): re-checking it",
+            result["device"],
+            iid,
+            incident.status,
         )
+    run = _Run(
+        cluster,
+        inventory,
+        ledger,
+        record,
+        policy or RemediationPolicy(),
+        channel,
+        logger,
+        result,
+        plan.Situation.of(incident, duplicate, signal, condition),
+    )
+    try:
+        return _move_jobs_off(run)
     finally:
         ledger.release_claim(iid, worker)
 
 
-def _run_id() -> str:
-    try:
-        from prefect.runtime import flow_run
-
-        if flow_run.id:
-            return f"flow-run-{flow_run.id}"
-    except Exception:  # noqa: BLE001 - outside a run: any unique id will do
-        pass
-    return f"remediate-{uuid.uuid4().hex[:12]}"
-
-
-def _steps(
-    cluster: GpuCluster,
-    inventory: Any,
-    backend: Any,
-    ledger: L.Ledger,
-    incident: L.Incident,
-    duplicate: str | None,
-    record: Any,
-    condition: dict[str, Any],
-    policy: RemediationPolicy,
+def _which_device(
+    inventory: Inventory,
+    backend: Backend,
+    device: str | None,
+    resource_id: str | None,
     channel: NotificationBlock | None,
     result: dict[str, Any],
-    reason: str,
-    trigger: str,
-    risk: float | None,
-    logger: logging.Logger | logging.LoggerAdapter,
-) -> dict[str, Any]:
+    logger: Logger,
+) -> DeviceRecord:
+    """The device's record; a device that cannot be named or found is refused (and the
+    operators told) before anything changes."""
+    try:
+        ref = device_ref_from(device, resource_id)
+        result["device"] = str(ref)
+        return resolve_device(inventory, backend, ref)
+    except InvalidRequestError as exc:
+        logger.error("remediation refused: %s", exc)
+        result.update(status="rejected", error=str(exc))
+        subject, body = summary(result)
+        result["notified"] = send_task(channel, subject, body)
+        raise
+
+
+@dataclass
+class _Run:
+    """One remediation's handles and what its decisions are made from."""
+
+    cluster: GpuCluster
+    inventory: Inventory
+    ledger: L.Ledger
+    device: DeviceRecord
+    policy: RemediationPolicy
+    channel: NotificationBlock | None
+    logger: Logger
+    result: dict[str, Any]
+    situation: plan.Situation
+
+    def note(self, entries: list[plan.Entry]) -> bool:
+        """Write entries to the incident's timeline; True if there were any."""
+        for e in entries:
+            self.ledger.add(self.situation.incident_id, e.what, e.detail, job_id=e.job_id)
+        return bool(entries)
+
+
+def _move_jobs_off(run: _Run) -> dict[str, Any]:
     """isolate, fail over, reserve, checkpoint, migrate, close, notify (the incident is ours)."""
-    iid = incident.incident_id
-    ref = result["device"]
-    if not condition["present"] and duplicate is None and trigger == "predicted":
-        ledger.add(iid, L.DEVICE_LOST, "; ".join(condition["reasons"]))
-
-    # -- isolate, fail over, reserve -----------------------------------------------------
-    why = reason or trigger
-    if risk is not None:
-        why = f"{why} (risk {risk:.2f})"
-    isolation = isolate_task(inventory, record, policy, iid, why)
-    result["isolation"] = isolation
-    changed = False
-    if isolation["created"] and not any(e["what"] == L.CORDONED for e in incident.timeline):
-        ledger.add(iid, L.CORDONED, f"{isolation['target']}: {isolation['reason']}")
-        changed = True
-    jobs, others = jobs_on_device(inventory, record)
-    result["unmanaged"] = sorted({lease.owner for lease in others})
-    logger.info(
-        "%s: %d job(s) to move: %s", ref, len(jobs), ", ".join(j.job_id for j in jobs) or "none"
+    s, result = run.situation, run.result
+    run.note(s.opening_entries())
+    isolation = isolate_task(
+        run.inventory, run.device, run.policy, s.incident_id, s.isolation_reason()
     )
-    capacity = ensure_capacity_task(inventory, jobs, policy)
+    result["isolation"] = isolation
+    changed = run.note(s.cordon_entries(isolation))
+    jobs, others = jobs_on_device(run.inventory, run.device)
+    result["unmanaged"] = sorted({lease.owner for lease in others})
+    run.logger.info(
+        "%s: %d job(s) to move: %s",
+        result["device"],
+        len(jobs),
+        ", ".join(j.job_id for j in jobs) or "none",
+    )
+    capacity = ensure_capacity_task(run.inventory, jobs, run.policy)
     result["spares_activated"], result["short"] = capacity["promoted"], capacity["short"]
-    for node in capacity["promoted"]:
-        ledger.add(iid, L.SPARE_ACTIVATED, f"node {node} joined the active pool")
-        changed = True
+    changed = run.note(plan.spare_entries(capacity["promoted"])) or changed
+    backend = run.cluster.get_backend()
     reservations = {
-        j.job_id: reserve_target_task(cluster.get_inventory(), backend, j) for j in jobs
+        j.job_id: reserve_target_task(run.cluster.get_inventory(), backend, j) for j in jobs
     }
-
-    # -- checkpoint and migrate ----------------------------------------------------------
     moved: list[str] = []
     try:
         pending = {}
-        for job in jobs:
-            in_place = reservations[job.job_id] is None and condition["present"] and job.holds_lease
-            action = CHECKPOINT_NOW if in_place else CHECKPOINT_AND_STOP
-            if job.holds_lease:
-                ledger.add(iid, L.CHECKPOINT_REQUESTED, action, job_id=job.job_id)
+        for job in jobs:  # every job is asked first: they checkpoint in parallel
+            action = s.checkpoint_action(job, reservations[job.job_id])
+            run.note(plan.request_entries(job, action))
             pending[job.job_id] = checkpoint_job_task.submit(
-                cluster.get_inventory(),
+                run.cluster.get_inventory(),
                 job,
-                device_present=condition["present"],
-                policy=policy,
+                device_present=s.present,
+                policy=run.policy,
                 action=action,
-                incident_id=iid,
+                incident_id=s.incident_id,
             )
         for job in jobs:
             ck = pending[job.job_id].result()
-            out: dict[str, Any] = {
-                "checkpoint_id": ck.checkpoint_id,
-                "checkpoint_how": ck.how,
-                "step": ck.step,
-                "waited_s": round(ck.waited_s, 3),
-            }
-            if ck.action == CHECKPOINT_NOW:
-                what = L.CHECKPOINT_IN_PLACE if ck.checkpoint_id else L.JOB_QUEUED
-                ledger.add(
-                    iid,
-                    what,
-                    f"{ck.checkpoint_id or '-'}; no free {job.sku}: keeps running where it is",
-                    job_id=job.job_id,
-                )
-                out.update(
-                    status="in-place",
-                    detail=f"no free {job.sku}: kept running, {ck.detail}".strip(", "),
-                )
-            else:
+            step = plan.after_checkpoint(job, ck)
+            run.note(step.entries)
+            if step.migrate:
                 moved.append(job.job_id)
-                what = L.CHECKPOINT_WRITTEN if ck.how == "on-request" else L.CHECKPOINT_FALLBACK
-                ledger.add(
-                    iid,
-                    what,
-                    f"{ck.checkpoint_id or 'none: restarts from step 0'}"
-                    + (f" ({ck.detail})" if ck.detail else ""),
-                    job_id=job.job_id,
-                )
-                mig = migrate_job_task(cluster, job, ck, reservations[job.job_id], on_job_crash)
+                mig = migrate_job_task(run.cluster, job, ck, reservations[job.job_id], on_job_crash)
                 reservations.pop(job.job_id)  # used or given back by migrate itself
-                out.update(
-                    status=mig.status, target=mig.target, launcher=mig.launcher, detail=mig.detail
-                )
-                if mig.status == "resumed":
-                    ledger.add(
-                        iid,
-                        L.JOB_RESUMED,
-                        f"on {mig.target} from {ck.checkpoint_id or 'scratch'}"
-                        f" (step {ck.step or 0})",
-                        job_id=job.job_id,
-                    )
-                else:
-                    ledger.add(
-                        iid,
-                        L.JOB_QUEUED,
-                        f"checkpointed and queued: {mig.detail}",
-                        job_id=job.job_id,
-                    )
-            ledger.set_job(iid, job.job_id, **out)
-            result["jobs"][job.job_id] = out
+                step = plan.after_migration(job, ck, mig)
+                run.note(step.entries)
+            run.ledger.set_job(s.incident_id, job.job_id, **step.outcome)
+            result["jobs"][job.job_id] = step.outcome
             changed = True
     except Exception as exc:
-        for job_id, binding in reservations.items():  # the ones no step has used
-            release_reservation(cluster.get_inventory(), job_id, binding)
-        for job in jobs:
-            if job.job_id not in result["jobs"]:
-                # Whatever it does next (it may still answer a pending stop), it stays
-                # findable: the next run for this device takes a stopped job over.
-                _mark(inventory, job.job_id, record.uuid, iid)
-        ledger.add(iid, L.STEP_FAILED, f"{type(exc).__name__}: {exc}")
-        if not moved and condition["present"] and undo_isolation(inventory, record, isolation):
-            ledger.add(iid, L.CORDON_UNDONE, "nothing was moved")
-            result["isolation"] = isolation | {"undone": True}
-        ledger.set_status(iid, "failed")
-        result.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        _report(channel, result, ledger, iid, logger)
+        _roll_back(run, jobs, reservations, isolation, moved, exc)
         raise
 
-    waiting = [j for j, o in result["jobs"].items() if o["status"] != "resumed"]
-    status = "waiting" if waiting else "done"
-    ledger.set_status(iid, status)
+    status = plan.final_status(result["jobs"])
+    run.ledger.set_status(s.incident_id, status)
     result["status"] = status
-    if duplicate is None or changed:
-        _report(channel, result, ledger, iid, logger)
+    if s.should_notify(changed):
+        report(run.channel, result, run.ledger, s.incident_id, run.logger)
     else:
-        logger.info("incident %s: nothing changed; no new notification", iid)
+        run.logger.info("incident %s: nothing changed; no new notification", s.incident_id)
         result["notified"] = False
     return result
 
 
-def _mark(inventory: Any, job_id: str, device_uuid: str, incident_id: str) -> None:
+def _roll_back(
+    run: _Run,
+    jobs: list[JobOnDevice],
+    reservations: dict[str, Binding | None],
+    isolation: dict[str, Any],
+    moved: list[str],
+    exc: Exception,
+) -> None:
+    """A step failed: give back unused reservations, keep every job findable, lift the
+    cordon if nothing was moved, close the incident as failed and tell the operators."""
+    s, result = run.situation, run.result
+    for job_id, binding in reservations.items():  # the ones no step has used
+        release_reservation(run.cluster.get_inventory(), job_id, binding)
+    for job in plan.unfinished(jobs, result["jobs"]):
+        _mark(run.inventory, job.job_id, run.device.uuid, s.incident_id)
+    run.note([plan.failure_entry(exc)])
+    if s.undo_cordon_on_failure(moved) and undo_isolation(run.inventory, run.device, isolation):
+        run.note([plan.CORDON_UNDONE_ENTRY])
+        result["isolation"] = isolation | {"undone": True}
+    run.ledger.set_status(s.incident_id, "failed")
+    result.update(status="failed", error=plan.error_text(exc))
+    report(run.channel, result, run.ledger, s.incident_id, run.logger)
+
+
+def _mark(inventory: Inventory, job_id: str, device_uuid: str, incident_id: str) -> None:
+    """Mark a job a failed step left unfinished for this device (best effort)."""
     try:
         current = inventory.job(job_id)
-        if (current.info.get("remediation") or {}).get("device_uuid") != device_uuid:
-            inventory.set_job_state(
-                job_id,
-                current.state,
-                remediation={
-                    "device_uuid": device_uuid,
-                    "incident": incident_id,
-                    "cause": "failed step",
-                },
-            )
+        marker = plan.failed_step_marker(current.info, device_uuid, incident_id)
+        if marker is not None:
+            inventory.set_job_state(job_id, current.state, remediation=marker)
     except Exception:  # noqa: BLE001 - best effort on the failure path
         logging.getLogger(__name__).exception("could not mark job %s", job_id)
-
-
-def _report(
-    channel: NotificationBlock | None,
-    result: dict[str, Any],
-    ledger: L.Ledger,
-    incident_id: str,
-    logger: logging.Logger | logging.LoggerAdapter,
-) -> None:
-    """Notify the operators, note it in the timeline, and publish the timeline artifact."""
-    subject, body = summary(result)
-    notified = False
-    try:
-        notified = send_task(channel, subject, body)
-    except Exception as exc:  # noqa: BLE001 - the remediation itself stands
-        logger.error("notification failed: %s", exc)
-        ledger.add(incident_id, L.STEP_FAILED, f"notification failed: {exc}")
-    if notified:
-        ledger.add(incident_id, L.NOTIFIED, subject)
-    result["notified"] = notified
-    timeline = list(ledger.incident(incident_id).timeline)
-    result["timeline"] = timeline
-    try:
-        create_markdown_artifact(
-            key=f"remediation-{_slug(result.get('device') or 'device')}",
-            markdown=timeline_markdown(result, timeline),
-            description=subject[:500],
-        )
-    except MissingContextError:
-        pass
 
 
 # -- reactive path ------------------------------------------------------------------------

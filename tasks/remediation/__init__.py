@@ -7,6 +7,7 @@ DAG that strings them together, and tests call them without Prefect:
 * ``ledger``    - incidents and their timelines, in the inventory's database (idempotency);
 * ``launch``    - how a job is (re)started: its launch record and an in-process runner;
 * ``steps``     - checkpoint, isolate, fail over, migrate, and the rollbacks;
+* ``plan``      - what the flow decides at each turn, from what it sees (no I/O);
 * ``notify``    - the operators' summary through a Prefect notification block;
 * ``downtime_sim`` - the discrete-event fleet simulation behind `gpuflow bench downtime`.
 """

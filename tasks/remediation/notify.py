@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.tasks.remediation import ledger as L
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.blocks.core import Block
 from prefect.blocks.notifications import NotificationBlock
 from prefect.cache_policies import NONE
+from prefect.exceptions import MissingContextError
 
 log = logging.getLogger(__name__)
 
@@ -128,3 +132,43 @@ def send(notifier: NotificationBlock | None, subject: str, body: str) -> bool:
 
 
 send_task = task(send, name="notify", retries=3, retry_delay_seconds=3, cache_policy=NONE)
+
+
+def artifact_key(device: str | None) -> str:
+    """The timeline artifact's key: one per device, so its page shows the latest story."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", (device or "device").lower()).strip("-")[:60]
+    return f"remediation-{slug or 'device'}"
+
+
+def report(
+    channel: NotificationBlock | None,
+    result: dict[str, Any],
+    ledger: L.Ledger,
+    incident_id: str,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """Notify the operators, note it in the timeline, and publish the timeline artifact.
+
+    A notification that fails is recorded, not raised: the remediation itself stands.
+    Sets ``result["notified"]`` and ``result["timeline"]``.
+    """
+    subject, body = summary(result)
+    notified = False
+    try:
+        notified = send_task(channel, subject, body)
+    except Exception as exc:  # noqa: BLE001 - the remediation itself stands
+        logger.error("notification failed: %s", exc)
+        ledger.add(incident_id, L.STEP_FAILED, f"notification failed: {exc}")
+    if notified:
+        ledger.add(incident_id, L.NOTIFIED, subject)
+    result["notified"] = notified
+    timeline = list(ledger.incident(incident_id).timeline)
+    result["timeline"] = timeline
+    try:
+        create_markdown_artifact(
+            key=artifact_key(result.get("device")),
+            markdown=timeline_markdown(result, timeline),
+            description=subject[:500],
+        )
+    except MissingContextError:
+        pass  # called outside a flow run: no artifact to attach

@@ -40,6 +40,7 @@ from gpuflow.tasks.remediation.launch import (
     storage_from_record,
 )
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
+from gpuflow.tasks.training.storage import open_store
 from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, Field
@@ -268,7 +269,7 @@ def last_periodic_checkpoint(inventory: Inventory, job: JobOnDevice) -> str | No
         from gpuflow.tasks.training.checkpoint import CheckpointManager
 
         try:
-            store = storage_from_record(job.launch["storage"]).store()
+            store = open_store(storage_from_record(job.launch["storage"]))
             found = CheckpointManager(store, job.job_id).list()
             if found:
                 return found[-1].checkpoint_id

@@ -14,7 +14,6 @@ at most one checkpoint interval, and the steps it trains again give the same los
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +34,14 @@ from gpuflow.tasks.tracking import tracking_uri, use_experiment
 from gpuflow.tasks.training.loop import train_loop
 from gpuflow.tasks.training.storage import LocalStorage
 
+from tests.helpers.step_gate import StepGate, StepGates
 from tests.tasks.remediation.helpers import A100, WebhookReceiver, fill, make_cluster, small_spec
 
 pytestmark = pytest.mark.integration
 
-STEPS, INTERVAL = 400, 50
+# The job waits after step HOLD_AT while the test injects its fault; STEPS is far more
+# than the steps it takes to notice a dead device (one utilization window, 0.5 s).
+STEPS, INTERVAL, HOLD_AT = 400, 50, 120
 MONITOR_INTERVAL_S = 600.0  # each monitor round fast-forwards the twin by this much
 
 
@@ -69,19 +71,24 @@ def reference_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
         torch.set_num_threads(before)
 
 
-def _start_job(cluster, home: Path, job_id: str, **kw):
+@pytest.fixture
+def gates(tmp_path: Path) -> Iterator[StepGates]:
+    with StepGates(tmp_path / "gates") as made:
+        yield made
+
+
+def _start_job(cluster, home: Path, job_id: str, gate: StepGate, **kw):
     client = mlflow.MlflowClient(tracking_uri())
     run_id = client.create_run(use_experiment("gpuflow-train"), run_name=job_id).info.run_id
-    reached = threading.Event()
     handle = RUNNER.start(
         small_spec(job_id, STEPS, INTERVAL),
         CheckpointStorage(path=str(home / "ckpt")),
         cluster,
         run_id=run_id,
-        step_hooks=(lambda info: reached.set() if info.step >= 120 else None,),
+        step_hooks=(gate.hook,),
         **kw,
     )
-    assert reached.wait(120), "the job never got going"
+    assert gate.wait_reached(120), "the job never got going"
     return handle, run_id
 
 
@@ -91,12 +98,15 @@ def _loss_history(run_id: str) -> list[tuple[int, float]]:
 
 
 def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
-    gpuflow_home: Path, reference_losses: list[float]
+    gpuflow_home: Path, reference_losses: list[float], gates: StepGates
 ) -> None:
     cluster = make_cluster(gpuflow_home)
     backend = SimBackend()
     with WebhookReceiver() as hook:
-        handle, run_id = _start_job(cluster, gpuflow_home, "chaos-hbm")
+        # It trains on while remediation's checkpoint-and-stop is on its way: it answers
+        # at exactly HOLD_AT.
+        gate = gates(HOLD_AT, "chaos-hbm", opens_on_request=True)
+        handle, run_id = _start_job(cluster, gpuflow_home, "chaos-hbm", gate)
         node, index = handle.segments[0].device.split(":")
         fill(Inventory())  # every other active A100 is busy: only a spare node can help
         assert Inventory().free_resources(sku=A100) == []
@@ -149,7 +159,7 @@ def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
     assert inv.is_cordoned(node, int(index)) and inv.node("a100-spare-0").role == "active"
     first, second = handle.segments
     assert second.device == moved["target"] and not first.error
-    assert second.resumed_from_step == first.last_step == moved["step"]  # zero steps lost
+    assert second.resumed_from_step == first.last_step == moved["step"] == HOLD_AT  # none lost
     assert second.first_step == first.last_step + 1
     # One loss per step, 1..STEPS, equal to the uninterrupted run's: no restart from step 0.
     history = _loss_history(run_id)
@@ -171,19 +181,22 @@ def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
 
 
 def test_abrupt_xid79_resumes_from_the_last_periodic_checkpoint(
-    gpuflow_home: Path, reference_losses: list[float]
+    gpuflow_home: Path, reference_losses: list[float], gates: StepGates
 ) -> None:
     cluster = make_cluster(gpuflow_home)
     backend = SimBackend()
     with WebhookReceiver() as hook:
+        gate = gates(HOLD_AT, "chaos-xid")
         handle, run_id = _start_job(
             cluster,
             gpuflow_home,
             "chaos-xid",
+            gate,
             on_crash=crash_handler(notifier=hook.block(), cluster=cluster),
         )
         node, index = handle.segments[0].device.split(":")
         backend.inject_fault(node, int(index), "xid79")
+        gate.open()  # the device died under the running job
         assert handle.wait(180) and handle.finished, handle.error
 
         # The monitor sees the device gone and raises the event too: the same incident,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import gpuflow.flows.remediate as remediate_module
 import pytest
@@ -21,6 +22,7 @@ from prefect import task
 from typer.testing import CliRunner
 
 from gpuflow import cli_remediate
+from tests.helpers.step_gate import StepGate, StepGates
 from tests.tasks.remediation.helpers import (
     WebhookReceiver,
     make_cluster,
@@ -50,17 +52,23 @@ def hook() -> Iterator[WebhookReceiver]:
         yield receiver
 
 
-def _start(cluster, tmp_path, job_id, *, steps=200, at_step=40, device=None, **kw):
-    reached = threading.Event()
+@pytest.fixture
+def gates(tmp_path: Path) -> Iterator[StepGates]:
+    with StepGates(tmp_path / "gates") as made:
+        yield made
+
+
+def _start(cluster, tmp_path, job_id, *hold: StepGate, steps=200, device=None, **kw):
+    """Start a job that waits at its first gate: it surely runs when the test acts."""
     handle = RUNNER.start(
         small_spec(job_id, steps=steps, interval=25),
         CheckpointStorage(path=str(tmp_path / "ck")),
         cluster,
         device,
-        step_hooks=(lambda info: reached.set() if info.step >= at_step else None,),
+        step_hooks=tuple(gate.hook for gate in hold),
         **kw,
     )
-    assert reached.wait(60), f"job {job_id} never reached step {at_step}"
+    assert hold[0].wait_reached(60), f"job {job_id} never reached step {hold[0].at_step}"
     return handle
 
 
@@ -75,8 +83,10 @@ def _artifact(key: str):
     return found[0] if found else None
 
 
-def test_predicted_risk_moves_the_job_once_and_only_once(cluster, hook, tmp_path) -> None:
-    handle = _start(cluster, tmp_path, "rm-pred")
+def test_predicted_risk_moves_the_job_once_and_only_once(cluster, hook, gates, tmp_path) -> None:
+    # The job waits after step 40 until remediation's request arrives: it stops right there.
+    gate = gates(40, "rm-pred", opens_on_request=True)
+    handle = _start(cluster, tmp_path, "rm-pred", gate)
     device = handle.segments[0].device
     node, index = device.split(":")
     out = remediate(
@@ -127,6 +137,7 @@ def test_predicted_risk_moves_the_job_once_and_only_once(cluster, hook, tmp_path
     steps = [s for s, _ in handle.losses]
     assert steps == list(range(1, 201))  # zero steps lost, none trained twice
     assert handle.segments[1].resumed_from_step == handle.segments[0].last_step == job["step"]
+    assert job["step"] == gate.at_step
 
 
 def test_bad_input_and_a_device_without_jobs(cluster, hook) -> None:
@@ -143,15 +154,20 @@ def test_bad_input_and_a_device_without_jobs(cluster, hook) -> None:
     assert "no jobs on the device" in hook.messages[-1]["body"]
 
 
-def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, tmp_path) -> None:
+def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, gates, tmp_path) -> None:
     # The only V100: a predicted risk cannot move the job, so it checkpoints in place and
     # keeps running; when the device then dies the job is queued with its checkpoint.
+    # It waits after step 30 for remediation's checkpoint-now, then after step 35 until
+    # the device is dead (it never gets near its last step: its crash ends it).
+    asked = gates(30, "rm-v100", opens_on_request=True)
+    dying = gates(35, "rm-v100")
     handle = _start(
         cluster,
         tmp_path,
         "rm-v100",
+        asked,
+        dying,
         steps=3000,
-        at_step=30,
         device=DeviceRequest(sku="v100"),
         on_crash=crash_handler(notifier=hook.block(), cluster=cluster),
     )
@@ -167,9 +183,12 @@ def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, tmp_path) -> None:
         and job["checkpoint_how"] == "on-request"
     )
     assert "NO CAPACITY" in hook.messages[-1]["body"]
+    assert job["step"] == asked.at_step
+    assert dying.wait_reached(60), "the job stopped training after its checkpoint in place"
     assert handle._threads[0].is_alive()  # still training on the cordoned device
 
     SimBackend().inject_fault("v100-0", 0, "xid79")
+    dying.open()
     wait_until(lambda: len(hook.messages) >= 2, 60, "the reactive remediation's message")
     inv = Inventory()
     record = inv.job("rm-v100")
@@ -181,8 +200,8 @@ def test_no_capacity_anywhere_nothing_is_lost(cluster, hook, tmp_path) -> None:
     assert L.JOB_QUEUED in [e["what"] for e in incident.timeline]
 
 
-def test_a_failing_step_loses_no_job(cluster, hook, tmp_path, monkeypatch) -> None:
-    handle = _start(cluster, tmp_path, "rm-fail", steps=3000)
+def test_a_failing_step_loses_no_job(cluster, hook, gates, tmp_path, monkeypatch) -> None:
+    handle = _start(cluster, tmp_path, "rm-fail", gates(40, "rm-fail", opens_on_request=True))
     device = handle.segments[0].device
     node, index = device.split(":")
 
@@ -213,12 +232,16 @@ def test_a_failing_step_loses_no_job(cluster, hook, tmp_path, monkeypatch) -> No
         "the resumed job's first step",
     )
     assert handle.segments[1].first_step == handle.segments[0].last_step + 1
-    inv.request_control("rm-fail", "checkpoint-and-stop")  # end the endless job
-    wait_until(lambda: not handle.alive, 60, "the job to stop")
+    wait_until(lambda: not handle.alive, 60, "the resumed job to end")
+    assert handle.finished and handle.segments[0].last_step == 40
 
 
-def test_nothing_moved_means_the_cordon_is_lifted(cluster, hook, tmp_path, monkeypatch) -> None:
-    handle = _start(cluster, tmp_path, "rm-nomove", steps=150)
+def test_nothing_moved_means_the_cordon_is_lifted(
+    cluster, hook, gates, tmp_path, monkeypatch
+) -> None:
+    # The job waits after step 40 until the failed remediation is over, then finishes.
+    gate = gates(40, "rm-nomove")
+    handle = _start(cluster, tmp_path, "rm-nomove", gate, steps=150)
     node, index = handle.segments[0].device.split(":")
 
     def broken_checkpoint(*args, **kwargs):
@@ -241,6 +264,7 @@ def test_nothing_moved_means_the_cordon_is_lifted(cluster, hook, tmp_path, monke
     assert {lease.owner for lease in inv.leases()} <= {"rm-nomove"}
     incident = L.Ledger(inv.url).incidents()[0]
     assert incident.status == "failed" and L.CORDON_UNDONE in [e["what"] for e in incident.timeline]
+    gate.open()
     assert handle.wait(60) and handle.finished and len(handle.segments) == 1
 
 
@@ -261,7 +285,7 @@ def test_cli_remediates_and_lists_incidents(cluster, monkeypatch) -> None:
 
 
 def test_train_flow_failure_hook_takes_the_reactive_path(
-    cluster, hook, tmp_path, monkeypatch
+    cluster, hook, gates, tmp_path, monkeypatch
 ) -> None:
     """The `train` flow with remediate_on_train_failure as its on_failure hook: the device
     falls off the bus, the flow fails, the hook queues the job with its last checkpoint
@@ -274,14 +298,11 @@ def test_train_flow_failure_hook_takes_the_reactive_path(
     monkeypatch.setattr(job_module.train_loop_task, "retries", 0)
     monkeypatch.setenv("GPUFLOW_NOTIFY_BLOCK", "custom-webhook/gpuflow-ops-hook")
     hook.block().save("gpuflow-ops-hook", overwrite=True)
+    # The job waits after step 45 (its step-40 checkpoint written) until its device is
+    # gone; it never gets near its last step: the crash ends it.
     spec = small_spec("rm-train-flow", steps=3000, interval=20)
-    reached = threading.Event()
-
-    def observe(job_id: str, total: int, info) -> None:
-        if job_id == spec.job_id and info.step >= 45:
-            reached.set()
-
-    job_module.step_observers.append(observe)
+    gate = gates(45, spec.job_id)
+    job_module.step_observers.append(gate.observer)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -298,13 +319,14 @@ def test_train_flow_failure_hook_takes_the_reactive_path(
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        assert reached.wait(120)
+        assert gate.wait_reached(120)
         record = Inventory().job(spec.job_id)
         res = Inventory().resource(record.resource_ids[0])
         SimBackend().inject_fault(res.node, res.device_index, "xid79")
+        gate.open()
         thread.join(120)
     finally:
-        job_module.step_observers.remove(observe)
+        job_module.step_observers.remove(gate.observer)
     assert errors and "fell off the bus" in str(errors[0])
     inv = Inventory()
     record = inv.job(spec.job_id)
@@ -319,7 +341,7 @@ def test_train_flow_failure_hook_takes_the_reactive_path(
 
 
 def test_tour_predicted_fault(gpuflow_home) -> None:
-    from gpuflow.tasks.remediation.demo import predicted_fault_tour
+    from gpuflow.tour.remediation import predicted_fault_tour
 
     out = predicted_fault_tour(report=lambda msg: None, steps=60)
     assert out["remediation"] == "done" and out["job finished"] and out["cordoned"]

@@ -4,6 +4,10 @@ A training job submitted to the scheduler starts through the `train` deployment 
 worker of the node it was placed on; a health event on that node makes `remediate`
 (started by the event's trigger) move it, through a checkpoint, to the other worker's node,
 where it finishes with no step lost.
+
+The job runs in a worker's flow run, another process: a file gate (tests/helpers/
+step_gate.py, through the workers' environment) holds it after step HOLD_AT until
+remediation has asked it for its checkpoint, so it surely still runs when remediation lands.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.step_gate import StepGate
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
 JOB = "box-job"
-# Long enough (about a minute on 2 cores) that the event's trigger and remediation land
-# while the job still runs.
-STEPS = 2000
+STEPS, INTERVAL, HOLD_AT = 60, 25, 30  # held after its first checkpoint
 
 
 def _run(
@@ -63,7 +67,9 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             }
         )
     )
-    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim"}
+    # Inside the job's lease (300 s from its start; renewed at step 50).
+    gate = StepGate(home / "gate", HOLD_AT, JOB, timeout_s=240)
+    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **gate.env()}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
     reset = _run("gpuflow", "sim", "reset", "--spec", str(spec), env=env)
@@ -90,8 +96,9 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         "MLFLOW_TRACKING_URI": state["mlflow_url"],
     }
     try:
-        yield {"home": home, "env": env, "client_env": client_env, "state": state}
+        yield {"home": home, "env": env, "client_env": client_env, "state": state, "gate": gate}
     finally:
+        gate.open()  # a failed test leaves no job waiting
         down = _run("gpuflow", "down", env=env)
         assert down.returncode == 0, down.stderr
 
@@ -140,7 +147,7 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
         "--steps",
         str(STEPS),
         "--checkpoint-interval",
-        "25",
+        str(INTERVAL),
         "--precision",
         "fp32",
         env=box["client_env"],
@@ -151,11 +158,13 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     )
     assert passed.returncode == 0, passed.stdout[-2000:] + passed.stderr[-2000:]
 
+    gate: StepGate = box["gate"]
+    assert gate.wait_reached(300), f"the job never reached step {HOLD_AT} on a worker"
     inventory = Inventory()
     job = _wait(
         "the job to run and checkpoint",
         lambda: (j := inventory.job(JOB)).state == "running" and j.last_checkpoint_id and j,
-        300,
+        30,
     )
     placed = inventory.resource(job.resource_ids[0])
     other = "a100-1" if placed.node == "a100-0" else "a100-0"
@@ -166,7 +175,7 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
         [
             sys.executable,
             "-c",
-            "import sys; from tasks.health.events import emit_health_risk; "
+            "import sys; from gpuflow.tasks.health.events import emit_health_risk; "
             "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
             "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
             placed.node,
@@ -182,17 +191,16 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     assert emitted.returncode == 0, emitted.stderr
 
     _wait(
-        "remediation to cordon the device",
-        lambda: (
-            inventory.is_cordoned(placed.node, placed.device_index)
-            or inventory.job(JOB).state == "finished"
-        ),
-        120,
+        "remediation to ask the job for a checkpoint",
+        lambda: any(r.status == "pending" for r in inventory.control_requests(JOB)),
+        180,
         0.5,
     )
     assert inventory.is_cordoned(placed.node, placed.device_index), (
-        "the job finished before remediation began"
+        "remediation asked before it cordoned the device"
     )
+    assert inventory.job(JOB).state == "running"  # held at the gate: it surely runs
+    gate.open()
     done = _wait(
         "the job to finish", lambda: (j := inventory.job(JOB)).state == "finished" and j, 600, 2.0
     )
@@ -233,6 +241,7 @@ def test_job_runs_where_placed_and_moves_to_the_other_node(box: dict, monkeypatc
     acked = [r for r in inventory.control_requests(JOB) if r.checkpoint_id]
     assert acked, "the job never acknowledged a checkpoint request"
     stopped_at = int(acked[0].checkpoint_id.split("-")[1])
+    assert stopped_at == HOLD_AT  # it answered right where it was held
     first, second = mruns
     assert first.data.metrics["steps_done"] == stopped_at  # it stopped at its checkpoint
     assert second.data.metrics["resumed_from_step"] == stopped_at  # zero steps lost

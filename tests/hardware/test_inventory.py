@@ -758,10 +758,11 @@ def test_jobs_registry(inv: Inventory, clock: Clock) -> None:
     assert inv.job("j1").state == "running"
 
 
-# -- against the digital twin, when it is there ----------------------------------------
+# -- against the digital twin ------------------------------------------------------------
 def test_sync_the_twin_fleet_partitions_and_leases(inv: Inventory) -> None:
-    sim = pytest.importorskip("gpuflow.hardware.sim")
-    twin = sim.SimBackend()
+    from gpuflow.hardware.sim import SimBackend
+
+    twin = SimBackend()
     report = inv.sync(twin)
     assert len(report.devices_added) == len(twin.devices()) and not report.errors
     assert not inv.sync(twin).changed

@@ -18,7 +18,13 @@ from gpuflow.tasks.remediation.launch import (
     storage_from_record,
     storage_record,
 )
-from gpuflow.tasks.remediation.notify import resolve_notifier, send, summary, timeline_markdown
+from gpuflow.tasks.remediation.notify import (
+    artifact_key,
+    resolve_notifier,
+    send,
+    summary,
+    timeline_markdown,
+)
 from pydantic import SecretStr
 
 from tests.tasks.remediation.helpers import WebhookReceiver, make_cluster, small_spec
@@ -138,6 +144,13 @@ def test_summary_and_timeline_say_what_happened() -> None:
     assert "| 1.25 |" in md and "a\\|b" in md
     refused = summary({"device": "x:9", "status": "rejected", "error": "unknown node 'x'"})
     assert "refused" in refused[0] and "unknown node" in refused[1]
+
+
+def test_one_timeline_artifact_key_per_device() -> None:
+    assert artifact_key("a100-0:1") == "remediation-a100-0-1"
+    assert artifact_key("Node.With_Odd:3") == "remediation-node-with-odd-3"
+    assert artifact_key(None) == artifact_key("::") == "remediation-device"
+    assert len(artifact_key("n" * 200)) == len("remediation-") + 60
 
 
 def test_notification_reaches_a_webhook(monkeypatch) -> None:
