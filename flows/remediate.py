@@ -16,30 +16,27 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuflow.blocks.gpu_cluster import GpuCluster
-from gpuflow.hardware.backend import Backend, InvalidRequestError
-from gpuflow.hardware.inventory import DeviceRecord, Inventory
 from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.health.events import EVENT_NAME
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation import plan
 from gpuflow.tasks.remediation.devices import JobOnDevice, jobs_on_device
 from gpuflow.tasks.remediation.launch import CrashHandler, crash_is_hardware
-from gpuflow.tasks.remediation.notify import report, resolve_notifier, send_task, summary
+from gpuflow.tasks.remediation.notify import report, resolve_notifier
 from gpuflow.tasks.remediation.steps import (
     RemediationPolicy,
     checkpoint_job_task,
     device_condition,
-    device_ref_from,
     ensure_capacity_task,
     isolate_task,
     migrate_job_task,
     open_incident,
     release_reservation,
     reserve_target_task,
-    resolve_device,
+    resolve_or_refuse,
     undo_isolation,
 )
 from gpuflow.tasks.training.binding import Binding
@@ -47,6 +44,9 @@ from prefect import flow, get_run_logger
 from prefect.blocks.notifications import NotificationBlock
 from prefect.events import DeploymentEventTrigger
 from prefect.exceptions import MissingContextError
+
+if TYPE_CHECKING:  # flows know order: hardware types only for annotations
+    from gpuflow.hardware.inventory import DeviceRecord, Inventory
 
 # The deployment trigger, as prefect.yaml writes it (`triggers:` entry of `remediate`).
 # Single-expression templates keep their type (Prefect renders them through tojson):
@@ -113,7 +113,7 @@ def remediate(
     inventory, backend = cluster.get_inventory(), cluster.get_backend()
     channel = resolve_notifier(notifier or notify_block)  # a bad name fails before any change
     result = plan.new_result(device or resource_id, signal)
-    record = _which_device(inventory, backend, device, resource_id, channel, result, logger)
+    record = resolve_or_refuse(inventory, backend, device, resource_id, channel, result, logger)
     condition = device_condition(backend, record)
     result.update(sku=record.sku, condition=condition)
 
@@ -170,29 +170,6 @@ def remediate(
         return _move_jobs_off(run)
     finally:
         ledger.release_claim(iid, worker)
-
-
-def _which_device(
-    inventory: Inventory,
-    backend: Backend,
-    device: str | None,
-    resource_id: str | None,
-    channel: NotificationBlock | None,
-    result: dict[str, Any],
-    logger: Logger,
-) -> DeviceRecord:
-    """The device's record; a device that cannot be named or found is refused (and the
-    operators told) before anything changes."""
-    try:
-        ref = device_ref_from(device, resource_id)
-        result["device"] = str(ref)
-        return resolve_device(inventory, backend, ref)
-    except InvalidRequestError as exc:
-        logger.error("remediation refused: %s", exc)
-        result.update(status="rejected", error=str(exc))
-        subject, body = summary(result)
-        result["notified"] = send_task(channel, subject, body)
-        raise
 
 
 @dataclass

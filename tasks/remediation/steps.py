@@ -39,9 +39,11 @@ from gpuflow.tasks.remediation.launch import (
     relaunch,
     storage_from_record,
 )
+from gpuflow.tasks.remediation.notify import send_task, summary
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
 from gpuflow.tasks.training.storage import open_store
 from prefect import task
+from prefect.blocks.notifications import NotificationBlock
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, Field
 
@@ -510,3 +512,26 @@ checkpoint_job_task = task(
 migrate_job_task = task(
     migrate_job, name="migrate", retries=2, retry_delay_seconds=5, cache_policy=NONE
 )
+
+
+def resolve_or_refuse(
+    inventory: Inventory,
+    backend: Backend,
+    device: str | None,
+    resource_id: str | None,
+    channel: NotificationBlock | None,
+    result: dict[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> DeviceRecord:
+    """The device's record; a device that cannot be named or found is refused (and the
+    operators told) before anything changes."""
+    try:
+        ref = device_ref_from(device, resource_id)
+        result["device"] = str(ref)
+        return resolve_device(inventory, backend, ref)
+    except InvalidRequestError as exc:
+        logger.error("remediation refused: %s", exc)
+        result.update(status="rejected", error=str(exc))
+        subject, body = summary(result)
+        result["notified"] = send_task(channel, subject, body)
+        raise
