@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
@@ -240,7 +241,6 @@ def test_resnet_rejects_bad_settings() -> None:
 
 @pytest.mark.slow
 def test_resnet_exports_to_onnx_with_dynamo_and_runs_in_onnxruntime() -> None:
-    ort = pytest.importorskip("onnxruntime")
     model = build_model("resnet18-digits", seed=0, width=8).eval()
     x = torch.randn(2, 1, 8, 8)
     program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
