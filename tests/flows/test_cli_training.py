@@ -14,6 +14,8 @@ from gpuflow.tasks.training.checkpoint import CheckpointManager
 from gpuflow.tasks.training.storage import LocalStorage
 from prefect.settings import PREFECT_API_URL
 
+from tests.helpers.precision import cpu_reduced_policy
+
 pytestmark = pytest.mark.integration
 
 
@@ -112,6 +114,7 @@ def test_train_cli_refuses_a_precision_the_device_lacks() -> None:
 
 
 def test_compare_precision_cli_s3(s3_server: str) -> None:
+    reduced = cpu_reduced_policy()  # bf16 where the CPU has it natively, else fp16
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(
         Bucket="cli-cmp"
     )
@@ -124,7 +127,7 @@ def test_compare_precision_cli_s3(s3_server: str) -> None:
             "--steps",
             "8",
             "--candidate",
-            "bf16",
+            reduced,
             "--job-id",
             "cli-cmp",
             "--storage",
@@ -141,7 +144,7 @@ def test_compare_precision_cli_s3(s3_server: str) -> None:
         },
     )
     assert result.exit_code == 0, result.output
-    assert "bf16" in result.stdout and "MLflow parent run" in result.stdout
+    assert reduced in result.stdout and "MLflow parent run" in result.stdout
     keys = [
         k["Key"]
         for k in boto3.client(
@@ -149,4 +152,4 @@ def test_compare_precision_cli_s3(s3_server: str) -> None:
         ).list_objects_v2(Bucket="cli-cmp")["Contents"]
     ]
     assert any(k.startswith("cli-cmp-fp32/step-000000008/") for k in keys)
-    assert any(k.startswith("cli-cmp-bf16/step-000000008/") for k in keys)
+    assert any(k.startswith(f"cli-cmp-{reduced}/step-000000008/") for k in keys)
