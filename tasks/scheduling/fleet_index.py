@@ -138,7 +138,17 @@ class Node:
 class Pool:
     """Whole devices of one (region, SKU): free ones per node, nodes bucketed by free count."""
 
-    __slots__ = ("key", "nodes", "node_free", "buckets", "whole_free", "devices", "max_per_node")
+    __slots__ = (
+        "key",
+        "nodes",
+        "node_free",
+        "buckets",
+        "whole_free",
+        "devices",
+        "active_devices",
+        "spare_devices",
+        "max_per_node",
+    )
 
     def __init__(self, key: PoolKey) -> None:
         self.key = key
@@ -146,8 +156,12 @@ class Pool:
         self.node_free: dict[str, dict[str, None]] = {}  # node -> free device rids
         self.buckets: dict[int, dict[str, None]] = {}  # free count -> nodes
         self.whole_free = 0
-        self.devices = 0  # present devices, whatever their state (the pool's shape)
-        self.max_per_node = 0
+        self.devices = 0  # present devices, whatever their state
+        # The pool's shape (what admission counts): devices on active nodes, whatever
+        # their state; spare nodes' devices apart, per node (never placed on).
+        self.active_devices = 0
+        self.spare_devices: dict[str, int] = {}
+        self.max_per_node = 0  # on one active node
 
     def add_free(self, node: str, rid: str) -> None:
         d = self.node_free.setdefault(node, {})
@@ -250,7 +264,12 @@ class FleetIndex:
             pool = self.pools[dev.pool] = Pool(dev.pool)
         pool.nodes[node] = None
         pool.devices += 1
-        pool.max_per_node = max(pool.max_per_node, sum(1 for d in n.devices if d.sku == sku))
+        if n.active:
+            pool.active_devices += 1
+            on_node = sum(1 for d in n.devices if d.sku == sku)
+            pool.max_per_node = max(pool.max_per_node, on_node)
+        else:
+            pool.spare_devices[node] = pool.spare_devices.get(node, 0) + 1
         self.shape_version += 1
         self._index(dev)
         return dev

@@ -290,3 +290,42 @@ def test_cordoned_and_unhealthy_devices_are_not_placed_on() -> None:
     engine.cordon("n0")  # the whole node; running work is left alone
     assert engine.jobs["j"].state == "running"
     assert engine.audit() == []
+
+
+def test_spare_nodes_are_not_admissible_capacity() -> None:
+    # The twin's default north pool: two active nodes of 4 A100s and a spare node of 4.
+    engine = make_engine(
+        [("a100-0", "cn-north", A100, 4), ("a100-1", "cn-north", A100, 4)],
+        spares=[("a100-spare-0", "cn-north", A100, 4)],
+    )
+    with pytest.raises(SubmissionRefused) as err:
+        engine.submit(_req("twelve", count=12), 0)
+    msg = str(err.value)
+    assert f"needs 12 devices of {A100}" in msg
+    assert "the active cn-north pool has 8" in msg
+    assert "spare node(s) a100-spare-0" in msg and "promote them first" in msg
+    # Even with every spare it would not fit: the size, and what the spares would add.
+    with pytest.raises(
+        SubmissionRefused, match=r"at most 8 \(12 with its spare nodes a100-spare-0\)"
+    ):
+        engine.submit(_req("thirteen", count=13), 0)
+    assert engine.jobs == {} and len(engine.queue) == 0
+    engine.submit(_req("eight", count=8), 0)
+    (p,) = _place_all(engine)
+    assert p.job_id == "eight" and set(p.nodes) == {"a100-0", "a100-1"}
+    assert engine.audit() == []
+
+
+def test_spare_partitions_and_node_size_do_not_count() -> None:
+    engine = make_engine([("a0", "r1", A100, 1)], spares=[("s0", "r1", A100, 2)])
+    # One active A100 holds at most 7 x 1g.5gb; the spare's two would make 21.
+    with pytest.raises(SubmissionRefused, match=r"needs 8 1g\.5gb instances .* has 7.* s0"):
+        engine.submit(_req("m", count=8, profile="1g.5gb"), 0)
+    # A gang sized for the spare node alone is not node-local on active nodes of 2: it
+    # spans them instead of waiting for a node that is never placed on.
+    engine = make_engine(
+        [("a0", "r1", A100, 2), ("a1", "r1", A100, 2)], spares=[("s0", "r1", A100, 4)]
+    )
+    engine.submit(_req("three", count=3), 0)
+    (p,) = _place_all(engine)
+    assert len(p.resource_ids) == 3 and set(p.nodes) == {"a0", "a1"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from gpuflow.tasks.scheduling.model import JobRequest, Placement, Preemption
 from gpuflow.tasks.scheduling.preemption import Candidate, choose_victims
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.tasks.scheduling.helpers import A100, V100, make_engine
 
@@ -31,6 +33,89 @@ def test_choose_victims_least_work_then_prunes() -> None:
     # A shrinking elastic job gives only what is needed.
     (c,) = choose_victims(1, [Candidate("el", ("x", "y", "z"), 5.0, 0, shrink=True)])
     assert c.release == ("x",)
+
+
+def test_choose_victims_lowest_priority_first_then_least_work() -> None:
+    cands = [
+        Candidate("p9", ("a",), cost=1.0, priority=9),
+        Candidate("p0", ("b",), cost=500.0, priority=0),
+    ]
+    assert [c.candidate.job_id for c in choose_victims(1, cands)] == ["p0"]
+    # Two units: the priority-0 job goes first even though two priority-5 jobs would lose
+    # less work together; the second unit is the cheaper priority-5 job.
+    cands = [
+        Candidate("p0", ("a",), cost=100.0, priority=0),
+        Candidate("p5-cheap", ("b",), cost=1.0, priority=5),
+        Candidate("p5-dear", ("c",), cost=2.0, priority=5),
+    ]
+    assert [c.candidate.job_id for c in choose_victims(2, cands)] == ["p0", "p5-cheap"]
+    # A lone victim at the plan's highest priority that loses less replaces the pair.
+    cands.append(Candidate("p5-big", ("d", "e"), cost=50.0, priority=5))
+    assert [c.candidate.job_id for c in choose_victims(2, cands)] == ["p5-big"]
+    # ...but never one of a higher priority than the plan needs.
+    cands = [
+        Candidate("p0-a", ("a",), cost=100.0, priority=0),
+        Candidate("p0-b", ("b",), cost=100.0, priority=0),
+        Candidate("p5-big", ("c", "d"), cost=1.0, priority=5),
+    ]
+    assert sorted(c.candidate.job_id for c in choose_victims(2, cands)) == ["p0-a", "p0-b"]
+
+
+@given(
+    victims=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 3), st.floats(0, 1000)), max_size=8
+    ),
+    need=st.integers(1, 8),
+)
+def test_victims_never_reach_above_the_priority_the_need_requires(
+    victims: list[tuple[int, int, float]], need: int
+) -> None:
+    cands = [
+        Candidate(f"j{i}", tuple(f"u{i}.{k}" for k in range(n)), cost, prio)
+        for i, (prio, n, cost) in enumerate(victims)
+    ]
+    picked = choose_victims(need, cands)
+    if sum(n for _, n, _ in victims) < need:
+        assert picked is None
+        return
+    assert picked and sum(len(c.release) for c in picked) >= need
+    # The lowest priority up to which the victims free enough: no plan can stay below it,
+    # and the chosen one never goes above it, whatever the work at risk.
+    reach = min(p for p, _, _ in victims if sum(n for q, n, _ in victims if q <= p) >= need)
+    assert max(c.candidate.priority for c in picked) == reach
+
+
+def test_evicts_the_lower_priority_job_even_with_more_work_at_risk() -> None:
+    engine = make_engine([("n0", "r1", A100, 2)])
+    engine.submit(_req("p0", priority=0), 0)
+    engine.submit(_req("p9", priority=9), 0)
+    engine.schedule(0)
+    engine.report_checkpoint("p0", 10)  # 90 device-seconds at risk at t=100
+    engine.report_checkpoint("p9", 99)  # 1 device-second at risk
+    engine.submit(_req("urgent", priority=10), 100)
+    (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
+    assert [(e.job_id, e.priority, e.work_at_risk_s) for e in plan.evictions] == [("p0", 0, 90.0)]
+    assert engine.jobs["p9"].state == "running" and engine.jobs["p0"].state == "stopping"
+    engine.stopped("p0", 101)
+    (p,) = [d for d in engine.schedule(101) if isinstance(d, Placement)]
+    assert p.job_id == "urgent" and p.resource_ids == plan.evictions[0].release
+    assert engine.jobs["p9"].state == "running"
+    assert engine.audit() == []
+
+
+def test_node_local_gang_evicts_the_lower_priority_node() -> None:
+    engine = make_engine([("n0", "r1", A100, 2), ("n1", "r1", A100, 2)])
+    engine.submit(_req("p0", count=2, priority=0), 0)
+    engine.submit(_req("p9", count=2, priority=9), 0)
+    engine.schedule(0)
+    node_of = {j: next(iter(engine.jobs[j].allocation.values())).node for j in ("p0", "p9")}
+    assert node_of["p0"] != node_of["p9"]
+    engine.report_checkpoint("p0", 10)
+    engine.report_checkpoint("p9", 99)
+    engine.submit(_req("gang", count=2, priority=10), 100)
+    (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
+    assert plan.node == node_of["p0"] and [e.job_id for e in plan.evictions] == ["p0"]
+    assert engine.jobs["p9"].state == "running"
 
 
 def test_preempts_the_victim_with_least_work_at_risk() -> None:
