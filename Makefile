@@ -32,6 +32,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	./scripts/install_browser.sh
+	$(BIN)/python -m tests.helpers.postgres install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -1,9 +1,12 @@
 """Suite-wide fixtures: every test gets its own GPUFLOW_HOME and the digital twin; an S3
-server on loopback for the tests that need one."""
+server on loopback for the tests that need one; inventory databases on SQLite and on a
+real PostgreSQL."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,3 +53,79 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             yield f"http://{host}:{port}"
         finally:
             server.stop()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+# The inventory's concurrency (leases, races, the scheduler's passes) runs on SQLite and on a
+# real PostgreSQL: a throwaway server for the session (tests/helpers/postgres.py), or the
+# database GPUFLOW_TEST_POSTGRES_URL names (its tables are dropped before each test).
+# Without either the PostgreSQL tests fail with what to install: they never skip.
+POSTGRES_URL_ENV = "GPUFLOW_TEST_POSTGRES_URL"
+POSTGRES_SERVER = pytest.StashKey[str]()  # what the summary line says the server was
+POSTGRES_PROPERTY = ("inventory_backend", "postgres")
+
+
+@pytest.fixture(scope="session")
+def postgres_url(pytestconfig: pytest.Config) -> Iterator[str]:
+    """SQLAlchemy URL of a PostgreSQL database for the whole session."""
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.fail(
+            "the psycopg driver is missing: pip install -e '.[dev]' (or 'psycopg[binary]>=3.1')",
+            pytrace=False,
+        )
+    external = os.environ.get(POSTGRES_URL_ENV)
+    if external:
+        pytestconfig.stash[POSTGRES_SERVER] = f"the PostgreSQL of {POSTGRES_URL_ENV}"
+        yield external
+        return
+    from tests.helpers.postgres import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        unavailable = str(exc)  # failed outside the handler: no chained traceback
+    else:
+        unavailable = ""
+    if unavailable:
+        pytest.fail(f"no PostgreSQL for the tests: {unavailable}", pytrace=False)
+    pytestconfig.stash[POSTGRES_SERVER] = (
+        f"a throwaway PostgreSQL {server.version}, started in {server.started_in_s:.1f} s"
+    )
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def inventory_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty inventory database: a SQLite file, or the session's PostgreSQL wiped."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'inv.db'}"
+    from sqlalchemy import MetaData, create_engine
+
+    request.node.user_properties.append(POSTGRES_PROPERTY)  # counted even if no server
+    url = request.getfixturevalue("postgres_url")
+    # Every table, not only the inventory's: the remediation ledger lives there too.
+    engine = create_engine(url)
+    try:
+        tables = MetaData()
+        tables.reflect(engine)
+        tables.drop_all(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """One line saying how many tests ran against PostgreSQL, so a run shows they did."""
+    outcomes: dict[str, int] = {}
+    for outcome in ("passed", "failed", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if POSTGRES_PROPERTY in getattr(report, "user_properties", ()):
+                if report.when == "call" or outcome == "error":
+                    outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    if outcomes:
+        server = config.stash.get(POSTGRES_SERVER, "no server (see the errors)")
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+        terminalreporter.write_line(f"PostgreSQL tests, {server}: {counts}")

@@ -23,7 +23,7 @@ from typing import TypeVar
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.hardware.inventory import schema
-from sqlalchemy import Connection, Engine, create_engine, event, insert, select
+from sqlalchemy import Connection, Engine, MetaData, create_engine, event, insert, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
@@ -111,11 +111,32 @@ def run_write(engine: Engine, work: Callable[[Connection], T], attempts: int = W
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def ensure_schema(engine: Engine) -> None:
-    """Create the tables on first use, once, even when several processes start together."""
+def create_tables(
+    engine: Engine, tables: MetaData, then: Callable[[Connection], None] | None = None
+) -> None:
+    """Create ``tables`` if missing (then run ``then`` in the same transaction), once, even
+    when several processes or hosts start together on a fresh database."""
 
     def create(conn: Connection) -> None:
-        schema.metadata.create_all(conn, checkfirst=True)
+        tables.create_all(conn, checkfirst=True)
+        if then is not None:
+            then(conn)
+
+    for attempt in range(3):
+        try:
+            run_write(engine, create)
+            return
+        except (ProgrammingError, OperationalError):
+            # PostgreSQL: two processes creating the same table race in the catalogue
+            # (duplicate type/relation). The loser retries and then finds the tables.
+            if is_sqlite(engine) or attempt == 2:
+                raise
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the inventory's tables on first use and check the schema version."""
+
+    def check_version(conn: Connection) -> None:
         version = conn.execute(
             select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
         ).scalar_one_or_none()
@@ -129,12 +150,4 @@ def ensure_schema(engine: Engine) -> None:
                 f"understands ({schema.SCHEMA_VERSION}); upgrade gpuflow"
             )
 
-    for attempt in range(3):
-        try:
-            run_write(engine, create)
-            return
-        except (ProgrammingError, OperationalError):
-            # PostgreSQL: two processes creating the same table race in the catalogue
-            # (duplicate type/relation). The loser retries and then finds the tables.
-            if is_sqlite(engine) or attempt == 2:
-                raise
+    create_tables(engine, schema.metadata, check_version)

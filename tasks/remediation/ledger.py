@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import DeviceRecord
-from gpuflow.hardware.inventory.engine import default_url, make_engine, run_write
+from gpuflow.hardware.inventory.engine import create_tables, default_url, make_engine, run_write
 from sqlalchemy import (
     JSON,
     Column,
@@ -150,7 +150,7 @@ class Ledger:
     def __init__(self, url: str | None = None) -> None:
         self.url = url if url is not None else default_url()
         self._engine = make_engine(self.url)
-        run_write(self._engine, lambda conn: metadata.create_all(conn, checkfirst=True))
+        create_tables(self._engine, metadata)
 
     def close(self) -> None:
         self._engine.dispose()

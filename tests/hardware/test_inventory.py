@@ -1,14 +1,13 @@
 """The durable inventory: sync, leases (incl. real multi-process races), cordons, spares,
 the job control channel and the jobs registry.
 
-Runs on SQLite; set GPUFLOW_TEST_POSTGRES_URL (e.g. postgresql+psycopg://u@/db?host=/tmp)
-to run the same tests against PostgreSQL too.
+Every test that takes a store runs on SQLite and on PostgreSQL (the ``inventory_url``
+fixture in tests/conftest.py: a throwaway server, or GPUFLOW_TEST_POSTGRES_URL).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import random
 import sqlite3
 import time
@@ -36,12 +35,10 @@ from gpuflow.hardware.inventory import (
     LeaseNotHeldError,
     ResourceUnavailableError,
 )
-from gpuflow.hardware.inventory import schema as inv_schema
 
 A100 = "NVIDIA A100-SXM4-40GB"
 V100 = "Tesla V100-SXM2-32GB"
 DCU = "Hygon DCU Z100"
-PG_URL = os.environ.get("GPUFLOW_TEST_POSTGRES_URL")
 MP = mp.get_context("fork")
 
 
@@ -184,27 +181,14 @@ def _sample(node: str, index: int, t: float, **kw: object) -> TelemetrySample:
 
 
 # -- fixtures --------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite"] + (["postgres"] if PG_URL else []))
-def url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("GPUFLOW_HOME", str(tmp_path / "home"))
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'inv.db'}"
-    from sqlalchemy import create_engine
-
-    engine = create_engine(PG_URL)
-    inv_schema.metadata.drop_all(engine)
-    engine.dispose()
-    return PG_URL
-
-
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
 
 
 @pytest.fixture
-def inv(url: str, clock: Clock) -> Iterator[Inventory]:
-    inventory = Inventory(url, now=clock)
+def inv(inventory_url: str, clock: Clock) -> Iterator[Inventory]:
+    inventory = Inventory(inventory_url, now=clock)
     yield inventory
     inventory.close()
 
@@ -610,7 +594,8 @@ def _open_worker(url: str, i: int, go, out) -> None:  # type: ignore[no-untyped-
         out.put(repr(exc))
 
 
-def test_processes_creating_a_fresh_store_together(url: str) -> None:
+def test_processes_creating_a_fresh_store_together(inventory_url: str) -> None:
+    url = inventory_url
     n = 4
     go, out = MP.Barrier(n), MP.Queue()
     procs = [MP.Process(target=_open_worker, args=(url, i, go, out)) for i in range(n)]

@@ -15,9 +15,12 @@ from tests.tasks.remediation.helpers import A100, make_cluster
 
 
 @pytest.fixture
-def inventory(gpuflow_home) -> Inventory:
-    make_cluster(gpuflow_home)
-    return Inventory()
+def inventory(gpuflow_home, inventory_url: str) -> Inventory:
+    # The ledger shares the inventory's database: SQLite, and the session's PostgreSQL.
+    cluster = make_cluster(gpuflow_home)
+    inventory = Inventory(inventory_url)
+    inventory.sync(cluster.get_backend())
+    return inventory
 
 
 def test_device_refs_both_forms_agree_with_the_event_contract() -> None:
@@ -102,19 +105,27 @@ def test_concurrent_deliveries_of_one_event_open_one_incident(inventory: Invento
     dev = inventory.devices()[1]
     url = inventory.url
     results: list[tuple[str, str | None]] = []
-    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+    # Opening the ledgers is part of the race: on a fresh PostgreSQL database the four
+    # create its tables at once. The barrier times out rather than hang on a dead thread.
+    barrier = threading.Barrier(4, timeout=60)
 
     def deliver() -> None:
-        ledger = L.Ledger(url)
-        barrier.wait()
-        inc, dup = ledger.open_incident(dev, "predicted", "risk", event_id="ev-race")
-        results.append((inc.incident_id, dup))
+        try:
+            barrier.wait()
+            ledger = L.Ledger(url)
+            inc, dup = ledger.open_incident(dev, "predicted", "risk", event_id="ev-race")
+            results.append((inc.incident_id, dup))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+            barrier.abort()
 
     threads = [threading.Thread(target=deliver) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=120)
+    assert not errors, errors
     assert len({iid for iid, _ in results}) == 1
     assert sorted(d or "new" for _, d in results) == ["event", "event", "event", "new"]
     assert len(L.Ledger(url).incidents(dev.uuid)) == 1

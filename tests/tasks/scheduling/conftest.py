@@ -31,12 +31,14 @@ nodes:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
-    """A GpuCluster on a small twin (no natural faults), with its inventory synced."""
+def cluster(tmp_path: Path, inventory_url: str):
+    """A GpuCluster on a small twin (no natural faults), with its inventory synced; the
+    inventory on SQLite and on PostgreSQL (``inventory_url``)."""
     from gpuflow.blocks.gpu_cluster import GpuCluster
+    from pydantic import SecretStr
 
     spec = tmp_path / "cluster.yaml"
     spec.write_text(CLUSTER_YAML)
-    c = GpuCluster(backend="sim", cluster_spec=str(spec))
+    c = GpuCluster(backend="sim", cluster_spec=str(spec), inventory_url=SecretStr(inventory_url))
     c.get_inventory().sync(c.get_backend())
     return c

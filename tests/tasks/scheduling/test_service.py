@@ -25,7 +25,8 @@ class Clock:
 
 
 def _service(cluster, clock: Clock | None = None, **config) -> SchedulerService:
-    inv = Inventory(now=clock) if clock else cluster.get_inventory()
+    url = cluster.inventory_url.get_secret_value()
+    inv = Inventory(url, now=clock) if clock else cluster.get_inventory()
     return SchedulerService(
         inv, cluster.get_backend(), SchedulerConfig(**config), now=clock or __import__("time").time
     )
