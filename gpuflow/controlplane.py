@@ -6,6 +6,9 @@ work pool → Blocks registered and saved → every deployment of prefect.yaml a
 schedules and event triggers) → worker(s). Every process gets its own session (process
 group) and a log under GPUFLOW_HOME/logs; their pids and command lines go to
 GPUFLOW_HOME/controlplane.json, which is all `down` acts on.
+
+``local_stores`` names where those records live by default, and ``recording_env`` lets
+another process (the tour) record there, so `gpuflow up` shows its runs afterwards.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from gpuflow.hardware.home import gpuflow_home
 
 STATE_FILE = "controlplane.json"
 POOL = "gpuflow-process"
+DEFAULT_PREFECT_PORT = 4200
+DEFAULT_MLFLOW_PORT = 5000
+SERVER_START_TIMEOUT_S = 180  # a server's first start migrates its database
 Report = Callable[[str], None]
 
 
@@ -76,6 +82,51 @@ class ControlPlane:
             "GPUFLOW_PROJECT_DIR": self.project_dir,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         }
+
+
+@dataclass(frozen=True)
+class LocalStores:
+    """Where a control plane on one GPUFLOW_HOME keeps its records unless given URLs: the
+    Prefect home and database, the MLflow backend store and artifacts (the same SQLite file
+    that tasks/tracking.py records into when no tracking server is set)."""
+
+    prefect_home: Path
+    prefect_database: Path
+    mlflow_dir: Path
+    mlflow_database: Path
+    mlflow_artifacts_uri: str
+
+    @property
+    def prefect_database_url(self) -> str:
+        return f"sqlite+aiosqlite:///{self.prefect_database}"
+
+    @property
+    def mlflow_backend_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_database}"
+
+
+def local_stores(home: Path | None = None) -> LocalStores:
+    home = home or gpuflow_home()
+    prefect_home = home / "prefect"
+    mlflow_dir = home / "mlflow"
+    return LocalStores(
+        prefect_home=prefect_home,
+        prefect_database=prefect_home / "prefect.db",
+        mlflow_dir=mlflow_dir,
+        mlflow_database=mlflow_dir / "mlflow.db",
+        mlflow_artifacts_uri=(mlflow_dir / "artifacts").as_uri(),
+    )
+
+
+def local_urls(
+    prefect_port: int = DEFAULT_PREFECT_PORT, mlflow_port: int = DEFAULT_MLFLOW_PORT
+) -> dict[str, str]:
+    """The URLs of a control plane on these loopback ports (ControlPlane's fields)."""
+    return {
+        "prefect_api_url": f"http://127.0.0.1:{prefect_port}/api",
+        "prefect_ui_url": f"http://127.0.0.1:{prefect_port}",
+        "mlflow_url": f"http://127.0.0.1:{mlflow_port}",
+    }
 
 
 def _bin(name: str) -> str:
@@ -194,10 +245,47 @@ def _alive(service: Service) -> bool:
     return found is not None and found[1] != "Z" and found[0] == service.start_ticks
 
 
+def serving(plane: ControlPlane) -> bool:
+    """Both servers of ``plane`` still run (workers do not matter to a client)."""
+    servers = [s for s in plane.services if s.name in ("prefect-server", "mlflow-server")]
+    return len(servers) == 2 and all(_alive(s) for s in servers)
+
+
+def recording_env(home: Path | None = None) -> tuple[dict[str, str | None], ControlPlane | None]:
+    """What a process on this machine sets (None: unsets) to record where `gpuflow up` on
+    ``home`` serves from, and the control plane it then records through, if one is up.
+
+    Up: its Prefect API and MLflow server. Not up: its local stores themselves - Prefect
+    runs a temporary server on the same database, MLflow writes the same SQLite file - so
+    a later `gpuflow up` shows those runs (one started with PostgreSQL URLs is recorded
+    into while it is up). Telemetry stays off either way, as `up` keeps it.
+    """
+    home = home or gpuflow_home()
+    stores = local_stores(home)
+    env: dict[str, str | None] = {
+        "PREFECT_HOME": str(stores.prefect_home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    plane = read_state(home)
+    if plane is not None and serving(plane):
+        return env | {
+            "PREFECT_API_URL": plane.prefect_api_url,
+            "MLFLOW_TRACKING_URI": plane.mlflow_url,
+        }, plane
+    return env | {
+        "PREFECT_API_URL": None,  # a stale one from an earlier `up` would point nowhere
+        "PREFECT_API_DATABASE_CONNECTION_URL": stores.prefect_database_url,
+        # A new database is migrated first: on a busy small machine that takes longer than
+        # Prefect's 20 s; as long as `up` waits for its own server.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(SERVER_START_TIMEOUT_S),
+        "MLFLOW_TRACKING_URI": stores.mlflow_backend_uri,
+    }, None
+
+
 def up(
     project_dir: Path,
-    prefect_port: int = 4200,
-    mlflow_port: int = 5000,
+    prefect_port: int = DEFAULT_PREFECT_PORT,
+    mlflow_port: int = DEFAULT_MLFLOW_PORT,
     workers: int = 1,
     node_workers: tuple[str, ...] = (),
     prefect_database_url: SecretStr | None = None,
@@ -226,18 +314,16 @@ def up(
     prefect_port, mlflow_port = _check_port(prefect_port), _check_port(mlflow_port)
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    mlflow_dir = home / "mlflow"
-    mlflow_dir.mkdir(parents=True, exist_ok=True)
+    stores = local_stores(home)
+    stores.mlflow_dir.mkdir(parents=True, exist_ok=True)
 
     plane = ControlPlane(
         home=str(home),
         project_dir=str(project_dir),
-        prefect_api_url=f"http://127.0.0.1:{prefect_port}/api",
-        prefect_ui_url=f"http://127.0.0.1:{prefect_port}",
-        mlflow_url=f"http://127.0.0.1:{mlflow_port}",
         pool=POOL,
+        **local_urls(prefect_port, mlflow_port),
     )
-    base_env = {**os.environ, **plane.client_env(), "PREFECT_HOME": str(home / "prefect")}
+    base_env = {**os.environ, **plane.client_env(), "PREFECT_HOME": str(stores.prefect_home)}
     procs: list[subprocess.Popen[bytes]] = []
 
     def launch(
@@ -260,10 +346,11 @@ def up(
             "PREFECT_UI_API_URL": plane.prefect_api_url,
         }
         server_env.pop("PREFECT_API_URL")
-        if prefect_database_url:
-            server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = (
-                prefect_database_url.get_secret_value()
-            )
+        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = (
+            prefect_database_url.get_secret_value()
+            if prefect_database_url
+            else stores.prefect_database_url
+        )
         proc = launch(
             "prefect-server",
             [
@@ -278,15 +365,24 @@ def up(
             server_env,
             plane.prefect_ui_url,
         )
-        _wait_http(f"{plane.prefect_api_url}/health", 180, proc, logs / "prefect-server.log")
+        _wait_http(
+            f"{plane.prefect_api_url}/health",
+            SERVER_START_TIMEOUT_S,
+            proc,
+            logs / "prefect-server.log",
+        )
 
         report("starting MLflow tracking server")
         backend = (
             mlflow_backend_uri.get_secret_value()
             if mlflow_backend_uri
-            else f"sqlite:///{mlflow_dir / 'mlflow.db'}"
+            else stores.mlflow_backend_uri
         )
-        artifacts = mlflow_artifacts or (mlflow_dir / "artifacts").as_uri()
+        artifacts = mlflow_artifacts or stores.mlflow_artifacts_uri
+        # Local artifacts: experiments the server creates get the plain folder as their
+        # root, as those tasks/tracking.py creates without a server do, so a process
+        # records into either way (an mlflow-artifacts: root needs the server to write).
+        artifact_root = [] if mlflow_artifacts else ["--default-artifact-root", artifacts]
         # MLflow's server-side job runner (six queue consumers) serves nothing gpuflow uses.
         mlflow_env = {**base_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         proc = launch(
@@ -302,13 +398,16 @@ def up(
                 backend,
                 "--artifacts-destination",
                 artifacts,
+                *artifact_root,
                 "--workers",
                 "1",
             ],
             mlflow_env,
             plane.mlflow_url,
         )
-        _wait_http(f"{plane.mlflow_url}/health", 180, proc, logs / "mlflow-server.log")
+        _wait_http(
+            f"{plane.mlflow_url}/health", SERVER_START_TIMEOUT_S, proc, logs / "mlflow-server.log"
+        )
 
         report(f"creating work pool {POOL}")
         prefect = _bin("prefect")

@@ -18,7 +18,7 @@ from gpuflow.hardware.sim import SimBackend
 from prefect.artifacts import Artifact
 from prefect.settings import PREFECT_API_URL
 
-from gpuflow.demo import tour_plan_path
+from gpuflow.tour import tour_plan_path
 
 pytestmark = pytest.mark.integration
 PLAN = str(tour_plan_path())

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpuflow.cli import app
-from gpuflow.demo import tour_plan_path
+from gpuflow.tour import tour_plan_path
 
 runner = CliRunner()
 

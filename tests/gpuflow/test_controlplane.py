@@ -1,5 +1,7 @@
-"""The platform as a user runs it: `gpuflow up`, deployments run by workers, the Prefect
-and MLflow UIs checked in a real (headless) browser, then `gpuflow down` leaving nothing.
+"""The platform as a user runs it: the tour (`gpuflow demo --quick`) into a fresh
+GPUFLOW_HOME, `gpuflow up` on it, deployments run by workers, the Prefect and MLflow UIs
+(the tour's runs among them) checked in a real (headless) browser, then `gpuflow down`
+leaving nothing.
 
 One control plane serves the whole module (starting one takes most of a minute).
 Screenshots are kept under test-artifacts/.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.precision import cpu_reduced_policy
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
@@ -63,6 +68,9 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim"}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
+    # The tour first, with no control plane up: it records into the stores `up` serves.
+    tour = _gpuflow("demo", "--quick", env=env, timeout=900)
+    assert tour.returncode == 0, tour.stdout[-3000:] + tour.stderr[-3000:]
     up = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=env, timeout=900)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     state = json.loads((home / "controlplane.json").read_text())
@@ -72,7 +80,13 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         "MLFLOW_TRACKING_URI": state["mlflow_url"],
     }
     try:
-        yield {"home": home, "state": state, "env": env, "client_env": client_env}
+        yield {
+            "home": home,
+            "state": state,
+            "env": env,
+            "client_env": client_env,
+            "tour": tour.stdout + tour.stderr,
+        }
     finally:
         _gpuflow("down", env=env)  # a no-op when the last test already stopped it
 
@@ -128,11 +142,73 @@ def _browser():
     return pw, browser
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.skipif(
+def _flow_runs(env: dict[str, str], flow_name: str) -> list:
+    """Every run of the flow ``flow_name`` on the control plane of ``env``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        with get_client(sync_client=True) as client:
+            return client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name]))
+            )
+
+
+def _show_flow_run(plane: dict, run, flow_name: str, artifact_key: str, shot: str) -> str:
+    """The run's page in the Prefect UI (its name, Completed, its flow), then its Artifacts
+    tab showing ``artifact_key``; returns the text of that tab. Screenshots: shot-*.png."""
+    SHOTS.mkdir(exist_ok=True)
+    pw, browser = _browser()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{plane['state']['prefect_ui_url']}/runs/flow-run/{run.id}")
+        page.get_by_text(run.name).first.wait_for(timeout=60_000)
+        page.get_by_text("Completed").first.wait_for(timeout=60_000)
+        page.get_by_text(flow_name).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SHOTS / f"{shot}-run.png"), full_page=True)
+        page.get_by_text("Artifacts", exact=True).first.click()
+        page.get_by_text(artifact_key).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SHOTS / f"{shot}-artifact.png"), full_page=True)
+        return page.inner_text("body")
+    finally:
+        browser.close()
+        pw.stop()
+
+
+def _show_comparison(mlflow_url: str, parent_run_id: str, shot: str) -> str:
+    """MLflow's compare view of a precision comparison's child runs; returns its text."""
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_url)
+    experiment = client.get_experiment_by_name("gpuflow-compare-precision")
+    children = client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    )
+    assert len(children) >= 2, f"no fp32 and candidate runs under {parent_run_id}"
+    ids = json.dumps([r.info.run_id for r in children])
+    url = f"{mlflow_url}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment.experiment_id])}"
+    SHOTS.mkdir(exist_ok=True)
+    pw, browser = _browser()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.goto(url)
+        page.get_by_text("convergence_delta").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SHOTS / f"{shot}.png"), full_page=True)
+        return page.inner_text("body")
+    finally:
+        browser.close()
+        pw.stop()
+
+
+NEEDS_CHROMIUM = pytest.mark.skipif(
     CHROMIUM is None,
     reason="no Chromium: `make test` installs Debian's chromium where it can (root + apt-get)",
 )
+
+
+@pytest.mark.timeout(600)
+@NEEDS_CHROMIUM
 def test_prefect_ui_shows_the_remediation_run_and_its_artifact(plane: dict) -> None:
     env = plane["client_env"]
     ran = _prefect(
@@ -149,41 +225,16 @@ def test_prefect_ui_shows_the_remediation_run_and_its_artifact(plane: dict) -> N
     assert ran.returncode == 0 and "Completed" in ran.stdout, (
         ran.stdout[-2000:] + ran.stderr[-2000:]
     )
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"]))
-            )
+    # The deployment's run (the tour's remediate run, called in-process, has none).
+    runs = [r for r in _flow_runs(env, "remediate") if r.deployment_id is not None]
     assert runs, "no remediate flow run on the server"
-    run = runs[0]
-    SHOTS.mkdir(exist_ok=True)
-    pw, browser = _browser()
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{plane['state']['prefect_ui_url']}/runs/flow-run/{run.id}")
-        page.get_by_text(run.name).first.wait_for(timeout=60_000)
-        page.get_by_text("Completed").first.wait_for(timeout=60_000)
-        page.get_by_text("remediate").first.wait_for(timeout=60_000)  # flow and deployment
-        page.screenshot(path=str(SHOTS / "prefect-remediate-run.png"), full_page=True)
-        page.get_by_text("Artifacts", exact=True).first.click()
-        # The artifact card: its key and its description (the notification subject).
-        page.get_by_text("remediation-a100-1-0").first.wait_for(timeout=60_000)
-        assert "a100-1:0 (NVIDIA A100-SXM4-40GB) done" in page.inner_text("body")
-        page.screenshot(path=str(SHOTS / "prefect-remediate-artifact.png"), full_page=True)
-    finally:
-        browser.close()
-        pw.stop()
+    # The artifact card: its key and its description (the notification subject).
+    shown = _show_flow_run(plane, runs[0], "remediate", "remediation-a100-1-0", "prefect-remediate")
+    assert "a100-1:0 (NVIDIA A100-SXM4-40GB) done" in shown
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no Chromium: `make test` installs Debian's chromium where it can (root + apt-get)",
-)
+@NEEDS_CHROMIUM
 def test_mlflow_compare_view_shows_speedup_and_convergence_delta(plane: dict) -> None:
     env = plane["client_env"]
     done = _gpuflow(
@@ -193,32 +244,65 @@ def test_mlflow_compare_view_shows_speedup_and_convergence_delta(plane: dict) ->
         "--steps",
         "12",
         "--candidate",
-        "bf16",
+        cpu_reduced_policy(),  # bf16 where the CPU has it natively, else fp16
         env=env,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     parent = done.stdout.split("MLflow parent run:")[1].split()[0]
+    body = _show_comparison(env["MLFLOW_TRACKING_URI"], parent, "mlflow-compare-precision")
+    assert "speedup" in body and "convergence_delta" in body
+
+
+# A traceback, a log line at WARNING or ERROR (Prefect's, MLflow's), a Python warning.
+NOISE = re.compile(r"Traceback|\bWARNING\b|\bERROR\b|\w+Warning: ")
+
+
+@pytest.mark.timeout(600)
+@NEEDS_CHROMIUM
+def test_the_tour_ran_quietly_and_up_shows_its_runs(plane: dict) -> None:
+    """The tour ran before `up` (the fixture): its flow runs, artifacts and MLflow runs
+    are in the stores `up` serves, in both UIs."""
+    from gpuflow.tasks.health.events import parse_resource_id
+    from gpuflow.tasks.remediation.notify import artifact_key
+
+    assert not NOISE.findall(plane["tour"]), plane["tour"][-4000:]
+    env = plane["client_env"]
+    tour_compare = [
+        r
+        for r in _flow_runs(env, "compare_precision")
+        if r.parameters.get("spec", {}).get("job_id") == "tour-compare"
+    ]
+    assert len(tour_compare) == 1, "the tour's compare_precision run is not on the server"
+    _show_flow_run(
+        plane, tour_compare[0], "compare_precision", "precision-comparison", "prefect-tour-compare"
+    )
+    tour_remediate = [
+        r for r in _flow_runs(env, "remediate") if r.parameters.get("trigger") == "predicted"
+    ]
+    assert len(tour_remediate) == 1, "the tour's remediate run is not on the server"
+    run = tour_remediate[0]
+    node, index = parse_resource_id(run.parameters["resource_id"])
+    shown = _show_flow_run(
+        plane, run, "remediate", artifact_key(f"{node}:{index}"), "prefect-tour-remediate"
+    )
+    assert f"{node}:{index}" in shown and "done" in shown
+
     import mlflow
 
-    client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
+    mlflow_url = env["MLFLOW_TRACKING_URI"]
+    client = mlflow.MlflowClient(mlflow_url)
     experiment = client.get_experiment_by_name("gpuflow-compare-precision")
-    children = client.search_runs(
-        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    (parent,) = client.search_runs(
+        [experiment.experiment_id], "attributes.run_name = 'tour-compare-compare'"
     )
-    ids = json.dumps([r.info.run_id for r in children])
-    url = f"{env['MLFLOW_TRACKING_URI']}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment.experiment_id])}"
-    SHOTS.mkdir(exist_ok=True)
-    pw, browser = _browser()
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.goto(url)
-        page.get_by_text("convergence_delta").first.wait_for(timeout=60_000)
-        body = page.inner_text("body")
-        assert "speedup" in body and "convergence_delta" in body
-        page.screenshot(path=str(SHOTS / "mlflow-compare-precision.png"), full_page=True)
-    finally:
-        browser.close()
-        pw.stop()
+    # Its artifacts live beside the store `up` serves, not in the tour's own (wiped) home.
+    assert parent.info.artifact_uri.startswith((plane["home"] / "mlflow" / "artifacts").as_uri())
+    listed = f"{mlflow_url}/ajax-api/2.0/mlflow/artifacts/list?run_id={parent.info.run_id}"
+    with urllib.request.urlopen(listed, timeout=30) as resp:
+        files = [f["path"] for f in json.load(resp).get("files", [])]
+    assert "comparison.json" in files
+    body = _show_comparison(mlflow_url, parent.info.run_id, "mlflow-tour-compare")
+    assert "speedup" in body and "convergence_delta" in body
 
 
 @pytest.mark.timeout(300)

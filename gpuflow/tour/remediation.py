@@ -1,15 +1,19 @@
 """The tour's predicted fault: a job trains on an A100, its HBM starts to degrade, the
-health monitor raises the event, `remediate` moves the job, and it finishes elsewhere.
+health monitor sees it, `remediate` moves the job, and it finishes elsewhere.
 
-For `gpuflow demo` (on the twin, in the tour's GPUFLOW_HOME); everything it calls is the
+For `gpuflow demo` (on the twin, in the tour's GPUFLOW_HOME). What it calls is the
 production path: InProcessRunner, run_monitor (fast-forwarding the twin between rounds),
-the event, and the remediate flow with the parameters its deployment trigger renders.
+and the remediate flow with the parameters its deployment trigger renders from the
+health-risk event. The event itself is not sent to Prefect: the tour records into the
+Prefect database `gpuflow up` serves, where the `remediate` deployment's trigger would
+act on it in *your* GPUFLOW_HOME (its fleet, its jobs), not in the tour's twin.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,16 +22,14 @@ from gpuflow.hardware.backend import InvalidRequestError
 Report = Callable[[str], None]
 
 
-def _health_model(window: int) -> tuple[Any, str]:
-    """The registered champion if there is one, else the threshold rules (said so)."""
-    try:
-        from gpuflow.tasks.health.model import load_champion
+def _health_model() -> tuple[Any, str]:
+    """The monitor's model (the registered champion, else the threshold rules), named."""
+    from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
 
-        return load_champion(), "LSTM champion (MLflow registry)"
-    except Exception:  # noqa: BLE001 - no registry, no model: the rules still see HBM remaps
-        from gpuflow.tasks.health.baselines import RuleModel
-
-        return RuleModel(window), "threshold rules (no LSTM champion registered yet)"
+    model, source = load_health_model()
+    if source.startswith(RULES_URI):
+        return model, "threshold rules (no LSTM champion registered yet)"
+    return model, f"LSTM champion ({source})"
 
 
 def _time_to_recover_s(timeline: list[dict[str, Any]]) -> float | None:
@@ -47,12 +49,12 @@ def predicted_fault_tour(
 ) -> dict[str, Any]:
     """Run the scenario on the twin in GPUFLOW_HOME; returns what happened."""
     import torch
+
     from gpuflow.blocks.checkpoint_storage import CheckpointStorage
     from gpuflow.blocks.gpu_cluster import GpuCluster
     from gpuflow.flows.remediate import remediate
     from gpuflow.hardware.inventory import Inventory
-    from gpuflow.tasks.health.events import emit_health_risk, health_risk_payload, resource_id_for
-    from gpuflow.tasks.health.features import WINDOW_BUCKETS
+    from gpuflow.tasks.health.events import health_risk_payload, resource_id_for
     from gpuflow.tasks.health.monitor import monitor_dir, run_monitor
     from gpuflow.tasks.remediation.launch import RUNNER
     from gpuflow.tasks.training.binding import DeviceRequest
@@ -97,30 +99,23 @@ def predicted_fault_tour(
         report(f"job {spec.job_id} trains on {node}:{index}; injecting HBM degradation there")
         backend.inject_fault(node, int(index), "hbm", lead_s=4 * 3600.0)
 
-        model, model_name = _health_model(WINDOW_BUCKETS)
+        model, model_name = _health_model()
         events: list[dict[str, Any]] = []
 
-        def emit(
+        def keep(
             n: str, i: int, risk: float, features: dict[str, float], sku: str, reason: str = "model"
         ) -> str:
-            event_id = emit_health_risk(n, i, risk, features, sku, reason=reason)
-            events.append(
-                {
-                    "node": n,
-                    "index": i,
-                    "risk": risk,
-                    "features": features,
-                    "sku": sku,
-                    "reason": reason,
-                    "event_id": event_id,
-                }
-            )
+            # In place of emit_health_risk (see the module docstring): the same payload,
+            # validated, and an id of the tour's own.
+            payload = health_risk_payload(n, i, risk, features, sku, reason)
+            event_id = str(uuid.uuid4())
+            events.append({"node": n, "index": i, "payload": payload, "event_id": event_id})
             return event_id
 
         rounds = 0
         while rounds < max_monitor_rounds:
             rounds += 1
-            run_monitor(backend, model, rounds=1, emit=emit, state_dir=monitor_dir())
+            run_monitor(backend, model, rounds=1, emit=keep, state_dir=monitor_dir())
             if any((e["node"], e["index"]) == (node, int(index)) for e in events):
                 break
             backend.advance(600.0)  # the twin fast-forwards 10 minutes between rounds
@@ -129,15 +124,14 @@ def predicted_fault_tour(
             raise InvalidRequestError(
                 f"the monitor ({model_name}) raised no event for {node}:{index} in {rounds} rounds"
             )
+        risk = ev["payload"]["risk"]
         report(
-            f"monitor ({model_name}): risk {ev['risk']:.2f} on {node}:{index} "
+            f"monitor ({model_name}): risk {risk:.2f} on {node}:{index} "
             f"after {rounds} rounds ({rounds * 10} twin-minutes)"
         )
         result = remediate(
             resource_id=resource_id_for(node, int(index)),
-            payload=health_risk_payload(
-                node, int(index), ev["risk"], ev["features"], ev["sku"], ev["reason"]
-            ),
+            payload=ev["payload"],
             event_id=ev["event_id"],
             trigger="predicted",
             notifier=notifier,
@@ -150,8 +144,8 @@ def predicted_fault_tour(
         return {
             "device": f"{node}:{index}",
             "health model": model_name,
-            "risk": round(ev["risk"], 3),
-            "top features": ev["features"],
+            "risk": round(risk, 3),
+            "top features": ev["payload"]["top_features"],
             "remediation": result["status"],
             "moved to": moved.get("target"),
             "checkpoint": moved.get("checkpoint_id"),
@@ -165,3 +159,15 @@ def predicted_fault_tour(
         }
     finally:
         torch.set_num_threads(threads)
+
+
+def predicted_fault_step(steps: int) -> dict[str, Any]:
+    """The scenario as the tour runs it: the operators' message goes to the tour's inbox."""
+    from gpuflow.tour.inbox import Inbox
+
+    with Inbox() as inbox:
+        out = predicted_fault_tour(report=lambda _msg: None, steps=steps, notifier=inbox.block())
+    out["operators told"] = (
+        inbox.messages[-1].get("subject", "").strip() if inbox.messages else None
+    )
+    return out

@@ -1,0 +1,53 @@
+"""What the `gpuflow` verbs of cli.py, cli_hw.py and cli_train.py share: the consoles, clean
+errors for refused input, and the --backend option."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from gpuflow.hardware.backend import Backend, HardwareError, InvalidRequestError
+
+# Piped output (CI logs, `| less`) gets a table wide enough for nvidia-smi-like rows.
+console = Console(width=None if Console().is_terminal else 160)
+err_console = Console(stderr=True, soft_wrap=True)  # errors stay one greppable line
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def clean_errors(fn: F) -> F:
+    """Bad input and refused operations end as one red line and a non-zero exit, not a trace."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InvalidRequestError as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        except HardwareError as exc:
+            err_console.print(f"[red]hardware error:[/red] {exc}")
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend", "-b", help="auto | nvml | hygon | sim (default: GPUFLOW_BACKEND or auto)"
+    ),
+]
+
+
+def backend_named(name: str | None) -> Backend:
+    """The backend of --backend (or GPUFLOW_BACKEND, or auto); says on stderr which and why."""
+    from gpuflow.hardware.select import get_backend, resolve_backend_name
+
+    chosen, reason = resolve_backend_name(name)
+    err_console.print(f"[dim]backend: {chosen} ({reason})[/dim]")
+    return get_backend(chosen)

@@ -1,0 +1,231 @@
+"""`gpuflow train` and `gpuflow compare-precision`: the train and compare_precision flows,
+run in this process with a progress bar, their refusals as clean errors.
+
+Registered as top-level verbs by gpuflow/cli.py (``app.command("train")(train_cmd)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gpuflow.cli_base import clean_errors, console
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.tables import comparison_table
+
+StorageOpt = Annotated[str, typer.Option("--storage", help="local | s3")]
+
+
+def _storage(
+    storage: str,
+    path: Path | None,
+    bucket: str | None,
+    prefix: str,
+    endpoint_url: str | None,
+    block: str | None,
+):
+    """A CheckpointStorage from options; S3 credentials come from the usual AWS variables."""
+    import os
+
+    from pydantic import SecretStr, ValidationError
+
+    from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+
+    if block:
+        return CheckpointStorage.load(block)
+    if storage not in ("local", "s3"):
+        raise InvalidRequestError(f"--storage {storage!r}: use local or s3")
+    secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
+    try:
+        return CheckpointStorage(
+            kind=storage,
+            path=str(path) if path else "",
+            bucket=bucket or "",
+            prefix=prefix,
+            endpoint_url=endpoint_url,
+            access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
+            secret_access_key=SecretStr(secret) if secret else None,
+        )
+    except ValidationError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def _train_spec(**fields: Any):
+    from pydantic import ValidationError
+
+    from gpuflow.tasks.training.spec import TrainSpec
+
+    try:
+        return TrainSpec(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        msgs = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidRequestError(msgs) from None
+
+
+class _StepProgress:
+    """A Rich progress bar fed by the training loop's step observers."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self.progress = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            "loss {task.fields[loss]}",
+            "{task.fields[precision]}",
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, job_id: str, total: int, info: Any) -> None:
+        if job_id not in self.tasks:
+            self.tasks[job_id] = self.progress.add_task(job_id, total=total, loss="-", precision="")
+        self.progress.update(
+            self.tasks[job_id],
+            completed=info.step,
+            loss=f"{info.loss:.3f}",
+            precision=info.precision,
+        )
+
+    def __enter__(self) -> _StepProgress:
+        from gpuflow.tasks.training import job
+
+        self.progress.start()
+        job.step_observers.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from gpuflow.tasks.training import job
+
+        job.step_observers.remove(self)
+        self.progress.stop()
+
+
+def _run_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a flow in this process; its refusals become clean CLI errors."""
+    from gpuflow.tasks.training.checkpoint import CheckpointError
+    from gpuflow.tasks.training.precision import PrecisionError
+    from gpuflow.tasks.training.storage import StorageError
+
+    try:
+        return fn(*args, **kwargs)
+    except (PrecisionError, StorageError, CheckpointError, ValueError) as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+@clean_errors
+def train_cmd(
+    model: Annotated[
+        str, typer.Option(help="Model name (llama-tiny, byte-lm, resnet18-digits, ...).")
+    ] = "llama-tiny",
+    steps: Annotated[int, typer.Option(help="Total optimizer steps.")] = 200,
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 | auto")] = "auto",
+    job_id: Annotated[
+        str | None, typer.Option(help="Job id (names checkpoints); default generated.")
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option()] = None,
+    checkpoint_interval: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
+    seed: Annotated[int, typer.Option()] = 0,
+    sku: Annotated[
+        str | None, typer.Option(help="Run on a device of this SKU (a100-40gb, v100, ...).")
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Run on a partition of this profile (3g.20gb, vdcu).")
+    ] = None,
+    storage: StorageOpt = "local",
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="Local checkpoint root.")] = None,
+    s3_bucket: Annotated[str | None, typer.Option(help="S3 bucket for checkpoints.")] = None,
+    s3_prefix: Annotated[str, typer.Option(help="Key prefix in the bucket.")] = "",
+    s3_endpoint_url: Annotated[str | None, typer.Option(help="Any S3-compatible endpoint.")] = None,
+    storage_block: Annotated[
+        str | None, typer.Option(help="A saved CheckpointStorage block.")
+    ] = None,
+) -> None:
+    """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
+    from gpuflow.flows.train import train
+    from gpuflow.tasks.training.binding import DeviceRequest
+
+    spec = _train_spec(
+        job_id=job_id,
+        model=model,
+        steps=steps,
+        precision=precision,
+        batch_size=batch_size,
+        checkpoint_interval=checkpoint_interval,
+        seed=seed,
+    )
+    store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
+    with _StepProgress():
+        result = _run_flow(
+            train, spec, device=DeviceRequest(sku=sku, profile=profile), storage=store
+        )
+    table = Table(title=f"train {spec.job_id}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in (
+        "steps_done",
+        "resumed_from_step",
+        "final_loss",
+        "eval_loss",
+        "wall_time_s",
+        "run_id",
+    ):
+        value = result[key]
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    table.add_row("precision switches", str(len(result["switches"])))
+    console.print(table)
+
+
+@clean_errors
+def compare_precision_cmd(
+    model: Annotated[str, typer.Option(help="Model name.")] = "byte-lm",
+    steps: Annotated[int, typer.Option(help="Steps per run.")] = 300,
+    candidate: Annotated[
+        list[str] | None,
+        typer.Option("--candidate", help="Candidate policy (repeatable); default auto."),
+    ] = None,
+    threshold: Annotated[
+        float, typer.Option(help="Convergence delta threshold (0.005 = 0.5 %).")
+    ] = 0.005,
+    job_id: Annotated[str | None, typer.Option(help="Job id prefix.")] = None,
+    sku: Annotated[str | None, typer.Option(help="Device SKU for every run.")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    storage: StorageOpt = "local",
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="Local checkpoint root.")] = None,
+    s3_bucket: Annotated[str | None, typer.Option()] = None,
+    s3_prefix: Annotated[str, typer.Option()] = "",
+    s3_endpoint_url: Annotated[str | None, typer.Option()] = None,
+    storage_block: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Train the same job under fp32 and candidate policies; speedup and convergence delta."""
+    from gpuflow.flows.compare_precision import compare_precision
+    from gpuflow.tasks.training.binding import DeviceRequest
+
+    spec = _train_spec(
+        job_id=job_id,
+        model=model,
+        steps=steps,
+        seed=seed,
+        checkpoint_interval=max(steps, 1),
+    )
+    store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
+    with _StepProgress():
+        out = _run_flow(
+            compare_precision,
+            spec,
+            candidates=candidate or ["auto"],
+            device=DeviceRequest(sku=sku),
+            storage=store,
+            threshold=threshold,
+        )
+    console.print(comparison_table(out["rows"]))
+    console.print(f"MLflow parent run: {out['parent_run_id']}")
