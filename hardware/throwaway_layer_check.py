@@ -1,0 +1,3 @@
+"""Throwaway: shows that the layer test catches Prefect under hardware/."""
+
+import prefect  # noqa: F401
