@@ -1,3 +1,0 @@
-"""Throwaway: shows that the layer test catches Prefect under hardware/."""
-
-import prefect  # noqa: F401
