@@ -289,7 +289,7 @@ def _mark(inventory: Inventory, job_id: str, device_uuid: str, incident_id: str)
         current = inventory.job(job_id)
         marker = plan.failed_step_marker(current.info, device_uuid, incident_id)
         if marker is not None:
-            inventory.set_job_state(job_id, current.state, remediation=marker)
+            inventory.transition_job(job_id, expect_attempt=current.attempt, remediation=marker)
     except Exception:  # noqa: BLE001 - best effort on the failure path
         logging.getLogger(__name__).exception("could not mark job %s", job_id)
 
@@ -336,9 +336,10 @@ def remediate_on_train_failure(flow: Any, flow_run: Any, state: Any) -> None:
     if not crash_is_hardware(error, backend, res.node, res.device_index):
         logger.info("job %s failed on a healthy device: not remediating", job_id)
         return
-    inventory.set_job_state(
+    inventory.requeue_job(
         job_id,
-        "queued",
+        "lost",
+        expect_attempt=job.attempt,
         remediation={
             "device_uuid": res.device_uuid,
             "cause": "crash",

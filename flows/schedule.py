@@ -52,6 +52,10 @@ def schedule(
         for p in report["preemptions"]:
             victims = ", ".join(f"{v['job_id']} ({v['action']})" for v in p["victims"])
             logger.info("preempting %s for %s", victims, p["job_id"])
+        for q in report["quarantined"]:
+            logger.error("quarantined %s: %s", q["job_id"], q["error"])
+        for error in report["errors"]:
+            logger.warning("pass: %s", error)
         for job_id in report["external"]:
             logger.info("%s placed; it has no train spec, its own runner must start it", job_id)
         if not report["to_start"] or mode == "none":

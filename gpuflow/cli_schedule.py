@@ -149,7 +149,13 @@ def list_jobs(
     table = Table(title="scheduled jobs")
     for col in ("pos", "job", "state", "prio", "request", "resources", "checkpoint", "preempted"):
         table.add_column(col, justify="right" if col in ("pos", "prio", "preempted") else "left")
-    colours = {"queued": "yellow", "running": "green", "stopping": "magenta", "reserved": "cyan"}
+    colours = {
+        "queued": "yellow",
+        "running": "green",
+        "stopping": "magenta",
+        "reserved": "cyan",
+        "quarantined": "red",
+    }
     for v in views:
         colour = colours.get(v.state, "dim")
         table.add_row(
@@ -211,6 +217,11 @@ def drain(
             ", ".join(p["waiting"]) or "-",
         )
     console.print(table)
+    for p in out["passes"]:
+        for q in p.get("quarantined", []):
+            console.print(f"[red]quarantined {q['job_id']}[/red]: {q['error']}")
+        for error in p.get("errors", []):
+            console.print(f"[yellow]{error}[/yellow]")
     for job_id, r in out["results"].items():
         console.print(
             f"{job_id}: {r['steps_done']} steps (resumed from {r['resumed_from_step']})"

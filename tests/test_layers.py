@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("hardware", "blocks", "tasks", "flows")
-TOP = "top"  # gpuflow.cli, gpuflow.bench, gpuflow.demo, ...
+TOP = "top"  # gpuflow.cli, gpuflow.bench, gpuflow.tour, gpuflow.controlplane, ...
 
 # What each layer may import of gpuflow (its own layer always).
 ALLOWED: dict[str, set[str]] = {

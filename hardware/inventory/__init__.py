@@ -2,12 +2,14 @@
 
 SQLite under GPUFLOW_HOME by default, any SQLAlchemy URL (PostgreSQL) for several hosts.
 Holds nodes, devices, partitions, cordons, the spare pool, leases (owner, expiry,
-renewal), the per-job control channel and a small jobs registry. Never imports Prefect.
+renewal, attempt, fencing token), the per-job control channel, the scheduler's pass lock
+and a jobs registry whose lifecycle is lifecycle.py's state machine. Never imports Prefect.
 """
 
 from __future__ import annotations
 
 from gpuflow.hardware.inventory.engine import default_url
+from gpuflow.hardware.inventory.lifecycle import ACTIVE_STATES, TRANSITIONS, WAITING_STATES
 from gpuflow.hardware.inventory.records import (
     CONTROL_ACTIONS,
     CONTROL_STATUSES,
@@ -18,11 +20,17 @@ from gpuflow.hardware.inventory.records import (
     ControlTimeoutError,
     Cordon,
     DeviceRecord,
+    IllegalTransitionError,
+    JobConflictError,
     JobRecord,
+    JobState,
+    JobTransitionError,
     Lease,
     LeaseConflictError,
     LeaseError,
+    LeaseLostError,
     LeaseNotHeldError,
+    LockBusyError,
     NodeRecord,
     PartitionRecord,
     Resource,
@@ -32,6 +40,9 @@ from gpuflow.hardware.inventory.records import (
 from gpuflow.hardware.inventory.store import Inventory
 
 __all__ = [
+    "ACTIVE_STATES",
+    "TRANSITIONS",
+    "WAITING_STATES",
     "CONTROL_ACTIONS",
     "CONTROL_STATUSES",
     "JOB_STATES",
@@ -41,12 +52,18 @@ __all__ = [
     "ControlTimeoutError",
     "Cordon",
     "DeviceRecord",
+    "IllegalTransitionError",
     "Inventory",
+    "JobConflictError",
     "JobRecord",
+    "JobState",
+    "JobTransitionError",
     "Lease",
     "LeaseConflictError",
     "LeaseError",
+    "LeaseLostError",
     "LeaseNotHeldError",
+    "LockBusyError",
     "NodeRecord",
     "PartitionRecord",
     "Resource",

@@ -27,7 +27,7 @@ from gpuflow.hardware.inventory.records import (
     NodeRecord,
     PartitionRecord,
 )
-from sqlalchemy import Connection, Engine, Row, and_, or_, select
+from sqlalchemy import Connection, Engine, Row, and_, case, insert, or_, select, update
 
 T = TypeVar("T")
 MAX_NAME_LEN = 255
@@ -60,6 +60,19 @@ def check_choice(value: object, valid: tuple[str, ...], what: str) -> str:
     if value not in valid:
         raise InvalidRequestError(f"{what} {value!r} is not one of: {', '.join(valid)}")
     return str(value)
+
+
+def next_counter(conn: Connection, name: str, floor: int = 1) -> int:
+    """The next value of the store-wide counter ``name`` (1, 2, ..., never below
+    ``floor``), inside ``conn``'s transaction: the UPDATE row-locks it (PostgreSQL) or runs
+    under the write lock (SQLite), so no two transactions ever get the same value."""
+    c = schema.counters
+    bumped = case((c.c.value + 1 < floor, floor), else_=c.c.value + 1)
+    if conn.execute(update(c).where(c.c.name == name).values(value=bumped)).rowcount:
+        return int(conn.execute(select(c.c.value).where(c.c.name == name)).scalar_one())
+    # The first use: a concurrent first INSERT raises IntegrityError and run_write retries.
+    conn.execute(insert(c).values(name=name, value=max(1, floor)))
+    return max(1, floor)
 
 
 def mig_compute_slices(profile: str) -> int | None:
@@ -125,6 +138,8 @@ def lease_record(
         kind=kind,
         node=node,
         device_index=device_index,
+        attempt=int(row.attempt),
+        token=int(row.token),
     )
 
 
@@ -167,6 +182,12 @@ class StoreBase:
 
     def _write(self, work: Callable[[Connection], T]) -> T:
         return run_write(self._engine_here(), work)
+
+    def next_sequence(self, name: str, floor: int = 1) -> int:
+        """The next number of the store-wide counter ``name``: unique across processes
+        and hosts, increasing, and at least ``floor``."""
+        check_name(name, "counter name")
+        return self._write(lambda conn: next_counter(conn, name, floor))
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:

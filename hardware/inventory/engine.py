@@ -23,7 +23,17 @@ from typing import TypeVar
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.hardware.inventory import schema
-from sqlalchemy import Connection, Engine, MetaData, create_engine, event, insert, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    MetaData,
+    create_engine,
+    event,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
@@ -133,12 +143,40 @@ def create_tables(
                 raise
 
 
+# Version n -> n + 1: statements run in order inside the schema transaction.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE gf_jobs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE gf_leases ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE gf_leases ADD COLUMN token INTEGER NOT NULL DEFAULT 0",
+        # The old "checkpointed" (stopped on request, waiting to be re-queued) is "stopped".
+        "UPDATE gf_jobs SET state = 'stopped' WHERE state = 'checkpointed'",
+    ),
+}
+
+
+def migrate(conn: Connection, version: int) -> None:
+    """Bring a database at ``version`` up to schema.SCHEMA_VERSION (new tables were made
+    by create_all already; this adds columns to the old ones)."""
+    for v in range(version, schema.SCHEMA_VERSION):
+        for statement in MIGRATIONS[v]:
+            conn.execute(text(statement))
+    conn.execute(
+        update(schema.meta)
+        .where(schema.meta.c.key == "schema_version")
+        .values(value=str(schema.SCHEMA_VERSION))
+    )
+
+
 def ensure_schema(engine: Engine) -> None:
-    """Create the inventory's tables on first use and check the schema version."""
+    """Create the inventory's tables on first use, check the schema version and migrate
+    an older database."""
 
     def check_version(conn: Connection) -> None:
         version = conn.execute(
-            select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
+            select(schema.meta.c.value)
+            .where(schema.meta.c.key == "schema_version")
+            .with_for_update()  # PostgreSQL: one process migrates, the others then see it
         ).scalar_one_or_none()
         if version is None:
             conn.execute(
@@ -149,5 +187,7 @@ def ensure_schema(engine: Engine) -> None:
                 f"inventory schema version {version} is newer than this gpuflow "
                 f"understands ({schema.SCHEMA_VERSION}); upgrade gpuflow"
             )
+        elif int(version) < schema.SCHEMA_VERSION:
+            migrate(conn, int(version))
 
     create_tables(engine, schema.metadata, check_version)

@@ -1,5 +1,6 @@
 """A minimal jobs registry: what each job asked for, its state, what it holds, and its
-last checkpoint, so remediation and scheduling can find and restart it."""
+last checkpoint, so remediation and scheduling can find and restart it. Every change of
+a recorded job goes through lifecycle.py (the state machine)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,25 @@ from typing import Any
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name
-from gpuflow.hardware.inventory.records import JOB_STATES, JobRecord
-from sqlalchemy import Connection, Row, insert, select, update
-
-_COLUMN_FIELDS = ("last_checkpoint_id", "resource_ids")
+from gpuflow.hardware.inventory.records import JOB_STATES, JobRecord, JobState
+from sqlalchemy import Connection, Row, insert, select
 
 
-def _record(row: Row[Any]) -> JobRecord:
+def job_record(row: Row[Any]) -> JobRecord:
     return JobRecord(
         job_id=row.job_id,
         spec=dict(row.spec),
-        state=row.state,
+        state=JobState(row.state),
         resource_ids=tuple(row.resource_ids),
         last_checkpoint_id=row.last_checkpoint_id,
         info=dict(row.info),
         created_at_s=row.created_at,
         updated_at_s=row.updated_at,
+        attempt=int(row.attempt),
     )
 
 
-def _json_object(value: object, what: str) -> dict[str, Any]:
+def json_object(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise InvalidRequestError(f"{what} must be a dict with string keys, got {value!r}")
     try:
@@ -40,7 +40,7 @@ def _json_object(value: object, what: str) -> dict[str, Any]:
     return out
 
 
-def _resource_ids(value: object) -> list[str]:
+def resource_id_list(value: object) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise InvalidRequestError(f"resource_ids must be a list of ids, got {value!r}")
     return [check_name(v, "resource id") for v in value]
@@ -51,15 +51,16 @@ class JobsMixin(StoreBase):
         self,
         job_id: str,
         spec: dict[str, Any],
-        state: str = "queued",
+        state: str = JobState.QUEUED,
         resource_ids: Sequence[str] = (),
     ) -> JobRecord:
-        """Register a job. Recording the same id with the same spec again returns the
-        existing record (safe under task retries); with another spec it is refused."""
+        """Register a job at attempt 0 (queued unless ``state`` says otherwise). Recording
+        the same id with the same spec again returns the existing record (safe under task
+        retries); with another spec it is refused."""
         check_name(job_id, "job id")
-        clean = _json_object(spec, "job spec")
+        clean = json_object(spec, "job spec")
         check_choice(state, JOB_STATES, "job state")
-        ids = _resource_ids(resource_ids)
+        ids = resource_id_list(resource_ids)
         j = schema.jobs
 
         def work(conn: Connection) -> JobRecord:
@@ -69,57 +70,29 @@ class JobsMixin(StoreBase):
                     raise InvalidRequestError(
                         f"job {job_id!r} is already recorded with another spec"
                     )
-                return _record(row)
+                return job_record(row)
             now = self._clock()
             conn.execute(
                 insert(j).values(
                     job_id=job_id,
                     spec=clean,
-                    state=state,
+                    state=str(JobState(state)),
                     resource_ids=ids,
                     last_checkpoint_id=None,
                     info={},
                     created_at=now,
                     updated_at=now,
+                    attempt=0,
                 )
             )
-            return _record(conn.execute(select(j).where(j.c.job_id == job_id)).one())
-
-        return self._write(work)
-
-    def set_job_state(self, job_id: str, state: str, **fields: Any) -> JobRecord:
-        """Move a job to ``state``. ``last_checkpoint_id`` and ``resource_ids`` update those
-        columns; any other keyword is merged into the job's ``info`` (JSON values)."""
-        check_name(job_id, "job id")
-        check_choice(state, JOB_STATES, "job state")
-        values: dict[str, Any] = {"state": state}
-        if "last_checkpoint_id" in fields:
-            ckpt = fields["last_checkpoint_id"]
-            values["last_checkpoint_id"] = (
-                None if ckpt is None else check_name(ckpt, "checkpoint id")
-            )
-        if "resource_ids" in fields:
-            values["resource_ids"] = _resource_ids(fields["resource_ids"])
-        extra = _json_object(
-            {k: v for k, v in fields.items() if k not in _COLUMN_FIELDS}, "job fields"
-        )
-        j = schema.jobs
-
-        def work(conn: Connection) -> JobRecord:
-            row = self._job_row(conn, job_id)
-            conn.execute(
-                update(j)
-                .where(j.c.job_id == job_id)
-                .values(info={**dict(row.info), **extra}, updated_at=self._clock(), **values)
-            )
-            return _record(self._job_row(conn, job_id))
+            return job_record(conn.execute(select(j).where(j.c.job_id == job_id)).one())
 
         return self._write(work)
 
     def job(self, job_id: str) -> JobRecord:
         check_name(job_id, "job id")
         with self._read() as conn:
-            return _record(self._job_row(conn, job_id))
+            return job_record(self._job_row(conn, job_id))
 
     def jobs(self, state: str | None = None) -> list[JobRecord]:
         """Jobs, oldest first, optionally only those in ``state``."""
@@ -128,7 +101,7 @@ class JobsMixin(StoreBase):
         if state is not None:
             query = query.where(j.c.state == check_choice(state, JOB_STATES, "job state"))
         with self._read() as conn:
-            return [_record(r) for r in conn.execute(query)]
+            return [job_record(r) for r in conn.execute(query)]
 
     @staticmethod
     def _job_row(conn: Connection, job_id: str) -> Row[Any]:

@@ -6,6 +6,12 @@ other, on retry, finds the winner's row. Taking over an expired lease, renewing 
 releasing are compare-and-swap statements that name the row they read (owner and
 expiry), so a concurrent change makes them match nothing instead of clobbering it. On
 SQLite the write transaction is also BEGIN IMMEDIATE, which serialises writers outright.
+
+A lease belongs to (owner, attempt): the owner is the job id, the attempt the job's
+placement it was taken for. Every new holder, and every newer attempt of the same owner,
+gets a fresh fencing token from the store-wide "fence" counter, so tokens only grow; a
+checkpoint store refuses writes with a token older than its newest (tasks/training).
+An older attempt can neither renew nor take back a lease a newer attempt holds.
 """
 
 from __future__ import annotations
@@ -13,7 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpuflow.hardware.inventory import schema
-from gpuflow.hardware.inventory.base import StoreBase, check_name, check_seconds
+from gpuflow.hardware.inventory.base import (
+    StoreBase,
+    check_index,
+    check_name,
+    check_seconds,
+    next_counter,
+)
 from gpuflow.hardware.inventory.engine import WRITE_ATTEMPTS
 from gpuflow.hardware.inventory.records import (
     Lease,
@@ -23,32 +35,44 @@ from gpuflow.hardware.inventory.records import (
 )
 from sqlalchemy import Connection, Row, delete, insert, select, update
 
+FENCE_COUNTER = "fence"
+
 
 class _LostRace(Exception):
     """A compare-and-swap matched no row: someone changed the lease meanwhile; re-read."""
 
 
 class LeaseMixin(StoreBase):
-    def acquire_lease(self, resource_id: str, owner: str, ttl_s: float) -> Lease:
-        """Lease a device (by uuid) or a partition (by uuid) to ``owner`` for ``ttl_s``.
+    def acquire_lease(
+        self, resource_id: str, owner: str, ttl_s: float, *, attempt: int = 0
+    ) -> Lease:
+        """Lease a device (by uuid) or a partition (by uuid) to (``owner``, ``attempt``)
+        for ``ttl_s``.
 
-        Raises LeaseConflictError (naming the holder and expiry) if someone else holds an
-        unexpired lease; an expired lease is taken over. The owner asking again extends
-        its own lease. Raises ResourceUnavailableError for a resource that is cordoned,
+        Raises LeaseConflictError (naming the holder and expiry) if someone else, or a
+        newer attempt of the same owner, holds an unexpired lease; an expired lease is
+        taken over. The same (owner, attempt) asking again extends its
+        lease (same token); a newer attempt of the owner takes its older attempt's lease
+        over (new token). Raises ResourceUnavailableError for a resource that is cordoned,
         absent, unhealthy, on a spare node, a device split into partitions, or a partition
         of a device leased whole; InvalidRequestError for an unknown id.
         """
         check_name(resource_id, "resource id")
         check_name(owner, "lease owner")
         ttl = check_seconds(ttl_s, "ttl_s")
+        check_index(attempt, "lease attempt")
         for _ in range(WRITE_ATTEMPTS):
             try:
-                return self._write(lambda conn: self._acquire(conn, resource_id, owner, ttl))
+                return self._write(
+                    lambda conn: self._acquire(conn, resource_id, owner, ttl, attempt)
+                )
             except _LostRace:
                 continue
         raise LeaseConflictError(resource_id, "<contended>", self._clock(), "lost every retry")
 
-    def _acquire(self, conn: Connection, resource_id: str, owner: str, ttl: float) -> Lease:
+    def _acquire(
+        self, conn: Connection, resource_id: str, owner: str, ttl: float, attempt: int
+    ) -> Lease:
         _kind, drow, prow = self._resolve(conn, resource_id)
         self._check_leasable(conn, resource_id, drow, prow)
         now = self._clock()
@@ -64,17 +88,28 @@ class LeaseMixin(StoreBase):
                     acquired_at=now,
                     renewed_at=now,
                     expires_at=now + ttl,
+                    attempt=attempt,
+                    token=next_counter(conn, FENCE_COUNTER),
                 )
             )
         else:
-            if row.owner != owner and row.expires_at > now:
+            live = row.expires_at > now
+            if live and row.owner != owner:
                 raise LeaseConflictError(resource_id, row.owner, row.expires_at)
-            same = row.owner == owner and row.expires_at > now
+            if live and row.attempt > attempt:
+                raise LeaseConflictError(
+                    resource_id,
+                    row.owner,
+                    row.expires_at,
+                    f"held for attempt {row.attempt}; attempt {attempt} is stale",
+                )
+            same = live and row.owner == owner and row.attempt == attempt
             result = conn.execute(
                 update(l_t)
                 .where(
                     l_t.c.resource_id == resource_id,
                     l_t.c.owner == row.owner,
+                    l_t.c.attempt == row.attempt,
                     l_t.c.expires_at == row.expires_at,
                 )
                 .values(
@@ -82,6 +117,8 @@ class LeaseMixin(StoreBase):
                     acquired_at=row.acquired_at if same else now,
                     renewed_at=now,
                     expires_at=now + ttl,
+                    attempt=attempt,
+                    token=row.token if same else next_counter(conn, FENCE_COUNTER),
                 )
             )
             if result.rowcount != 1:
@@ -125,15 +162,21 @@ class LeaseMixin(StoreBase):
                 resource_id, whole.owner, whole.expires_at, f"device {where} is leased whole"
             )
 
-    def renew_lease(self, resource_id: str, owner: str, ttl_s: float) -> Lease:
-        """Extend ``owner``'s live lease to now + ``ttl_s``.
+    def renew_lease(
+        self, resource_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
+    ) -> Lease:
+        """Extend ``owner``'s live lease to now + ``ttl_s`` (only if it is for ``attempt``,
+        when given).
 
-        Raises LeaseNotHeldError when there is no lease, someone else holds it, or it has
-        already expired (an expired lease may have been taken over: acquire again).
+        Raises LeaseNotHeldError when there is no lease, someone else holds it, another
+        attempt holds it, or it has already expired (an expired lease may have been taken
+        over: acquire again).
         """
         check_name(resource_id, "resource id")
         check_name(owner, "lease owner")
         ttl = check_seconds(ttl_s, "ttl_s")
+        if attempt is not None:
+            check_index(attempt, "lease attempt")
 
         def work(conn: Connection) -> Lease:
             now = self._clock()
@@ -145,6 +188,11 @@ class LeaseMixin(StoreBase):
                 raise LeaseNotHeldError(
                     f"lease on {resource_id!r} is held by {row.owner!r}, not {owner!r}"
                 )
+            if attempt is not None and row.attempt != attempt:
+                raise LeaseNotHeldError(
+                    f"lease on {resource_id!r} is held by {owner!r} attempt {row.attempt}, "
+                    f"not attempt {attempt}"
+                )
             if row.expires_at <= now:
                 raise LeaseNotHeldError(
                     f"lease of {owner!r} on {resource_id!r} expired at {row.expires_at:.3f} "
@@ -155,6 +203,7 @@ class LeaseMixin(StoreBase):
                 .where(
                     l_t.c.resource_id == resource_id,
                     l_t.c.owner == owner,
+                    l_t.c.attempt == row.attempt,
                     l_t.c.expires_at > now,
                 )
                 .values(renewed_at=now, expires_at=now + ttl)
@@ -165,18 +214,51 @@ class LeaseMixin(StoreBase):
 
         return self._write(work)
 
-    def release_lease(self, resource_id: str, owner: str) -> bool:
-        """End ``owner``'s lease (expired or not). True if one was ended; releasing again,
+    def renew_leases(
+        self, owner: str, attempt: int, resource_ids: list[str] | tuple[str, ...], ttl_s: float
+    ) -> int:
+        """Extend every live lease of (``owner``, ``attempt``) among ``resource_ids`` to now
+        + ``ttl_s`` in ONE statement; returns how many were renewed (fewer than asked: the
+        others lapsed, were taken over or belong to another attempt)."""
+        check_name(owner, "lease owner")
+        check_index(attempt, "lease attempt")
+        ttl = check_seconds(ttl_s, "ttl_s")
+        ids = sorted({check_name(r, "resource id") for r in resource_ids})
+        if not ids:
+            return 0
+        l_t = schema.leases
+
+        def work(conn: Connection) -> int:
+            now = self._clock()
+            result = conn.execute(
+                update(l_t)
+                .where(
+                    l_t.c.owner == owner,
+                    l_t.c.attempt == attempt,
+                    l_t.c.resource_id.in_(ids),
+                    l_t.c.expires_at > now,
+                )
+                .values(renewed_at=now, expires_at=now + ttl)
+            )
+            return int(result.rowcount)
+
+        return self._write(work)
+
+    def release_lease(self, resource_id: str, owner: str, *, attempt: int | None = None) -> bool:
+        """End ``owner``'s lease (expired or not; only ``attempt``'s, when given, so a
+        stale attempt cannot end its successor's). True if one was ended; releasing again,
         or a lease now held by someone else, is a no-op that returns False."""
         check_name(resource_id, "resource id")
         check_name(owner, "lease owner")
+        if attempt is not None:
+            check_index(attempt, "lease attempt")
         l_t = schema.leases
 
         def work(conn: Connection) -> bool:
-            result = conn.execute(
-                delete(l_t).where(l_t.c.resource_id == resource_id, l_t.c.owner == owner)
-            )
-            return result.rowcount > 0
+            query = delete(l_t).where(l_t.c.resource_id == resource_id, l_t.c.owner == owner)
+            if attempt is not None:
+                query = query.where(l_t.c.attempt == attempt)
+            return conn.execute(query).rowcount > 0
 
         return self._write(work)
 

@@ -7,6 +7,7 @@ can cross a process boundary (pickle) without dragging a database session along.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from gpuflow.hardware.backend import HardwareError
@@ -15,7 +16,23 @@ NODE_ROLES = ("active", "spare")
 RESOURCE_KINDS = ("device", "mig", "vdcu")
 CONTROL_ACTIONS = ("checkpoint-now", "checkpoint-and-stop")
 CONTROL_STATUSES = ("pending", "acked")
-JOB_STATES = ("queued", "running", "checkpointed", "finished", "failed")
+
+
+class JobState(StrEnum):
+    """Where a job is in its lifecycle (the transitions are in lifecycle.py)."""
+
+    QUEUED = "queued"  # waiting for a placement
+    PLACED = "placed"  # resources leased for a new attempt; nothing started yet
+    LAUNCHING = "launching"  # a runner is being started for the attempt
+    RUNNING = "running"  # the attempt's runner trains
+    CHECKPOINTING = "checkpointing"  # asked to stop; writing its last checkpoint
+    STOPPED = "stopped"  # stopped on request with a checkpoint; waits to be re-queued
+    FINISHED = "finished"
+    FAILED = "failed"  # failed, cancelled or quarantined (info says which)
+    LOST = "lost"  # its runner is gone (lease lapsed, device died); waits to be re-queued
+
+
+JOB_STATES = tuple(s.value for s in JobState)
 
 
 class LeaseError(HardwareError):
@@ -48,6 +65,47 @@ class ResourceUnavailableError(LeaseError):
 
 class LeaseNotHeldError(LeaseError):
     """A renewal by someone who does not hold a live lease on the resource."""
+
+
+class LeaseLostError(LeaseError):
+    """A runner's lease lapsed or was taken over: it must stop and write nothing more."""
+
+
+class JobTransitionError(HardwareError):
+    """A job lifecycle write that did not happen."""
+
+
+class IllegalTransitionError(JobTransitionError, ValueError):
+    """The lifecycle has no such move (e.g. finished -> running)."""
+
+    def __init__(self, job_id: str, state: str, to: str, allowed: tuple[str, ...]) -> None:
+        self.job_id, self.state, self.to = job_id, state, to
+        super().__init__(
+            f"job {job_id!r} is {state}: it cannot go to {to} "
+            f"(from {state} it may go to: {', '.join(allowed) or 'nothing'})"
+        )
+
+
+class JobConflictError(JobTransitionError):
+    """A compare-and-swap on (state, attempt) lost: someone else moved the job first."""
+
+    def __init__(self, job_id: str, expected: str, found: str, to: str | None = None) -> None:
+        self.job_id, self.expected, self.found = job_id, expected, found
+        asked = f" to {to}" if to else ""
+        super().__init__(
+            f"job {job_id!r} changed under us: expected {expected}, found {found}; "
+            f"the move{asked} was not written"
+        )
+
+
+class LockBusyError(HardwareError):
+    """A fleet-wide lock (the scheduler's pass lock) is held by someone else."""
+
+    def __init__(self, name: str, holder: str, expires_at_s: float) -> None:
+        self.name, self.holder, self.expires_at_s = name, holder, expires_at_s
+        super().__init__(
+            f"another pass is running: lock {name!r} is held by {holder!r} until {expires_at_s:.3f}"
+        )
 
 
 class ControlTimeoutError(HardwareError, TimeoutError):
@@ -138,6 +196,8 @@ class Lease(_Record):
     kind: str | None = None
     node: str | None = None
     device_index: int | None = None
+    attempt: int = 0  # the owner's attempt this lease is for: (owner, attempt) owns it
+    token: int = 0  # fencing token: grows with every new holder or attempt, store-wide
 
     def expired(self, now_s: float) -> bool:
         return self.expires_at_s <= now_s
@@ -167,12 +227,13 @@ class ControlRequest(_Record):
 class JobRecord(_Record):
     job_id: str
     spec: dict[str, Any]
-    state: str  # one of JOB_STATES
+    state: JobState
     resource_ids: tuple[str, ...]
     last_checkpoint_id: str | None
     info: dict[str, Any]
     created_at_s: float
     updated_at_s: float
+    attempt: int = 0  # how many placements it has had; a new placement adds one
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,13 @@ Identity choices that matter under failure:
   (node, index) is unique only among present devices (a partial unique index).
 - a lease row is keyed by the resource id, so "two holders of one resource" cannot be
   written at all; takeover of an expired lease is a compare-and-swap update.
+- a lease belongs to (owner, attempt) and carries a fencing token drawn from one
+  store-wide counter (gf_counters), so a newer holder always has a larger token.
+- a job row's (state, attempt) is what every lifecycle write compares and swaps.
 - times are float seconds from the inventory's clock (injectable for tests).
+
+SCHEMA_VERSION 2 added jobs.attempt, leases.attempt/token, gf_counters and gf_locks;
+engine.migrate brings a version-1 database up to it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from sqlalchemy import (
     true,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NODE_CORDON = ""  # device_uuid of a cordon that covers the whole node
 
 metadata = MetaData()
@@ -100,6 +106,8 @@ leases = Table(
     Column("acquired_at", Float, nullable=False),
     Column("renewed_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("token", Integer, nullable=False, server_default="0"),
 )
 Index("ix_gf_leases_owner", leases.c.owner)
 Index("ix_gf_leases_expires", leases.c.expires_at)
@@ -140,5 +148,26 @@ jobs = Table(
     Column("info", JSON, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
 )
 Index("ix_gf_jobs_state", jobs.c.state)
+
+# Named counters that only grow: fencing tokens ("fence") and job sequence numbers.
+counters = Table(
+    "gf_counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Integer, nullable=False),
+)
+
+# Fleet-wide locks (the scheduler's pass lock): one row per lock, taken by INSERT or by a
+# compare-and-swap over an expired row, like a lease.
+locks = Table(
+    "gf_locks",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(255), nullable=False),
+    Column("token", Integer, nullable=False),
+    Column("acquired_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)

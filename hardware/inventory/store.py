@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from gpuflow.hardware.inventory.control import ControlMixin
 from gpuflow.hardware.inventory.fleet import FleetMixin
-from gpuflow.hardware.inventory.jobs import JobsMixin
 from gpuflow.hardware.inventory.leases import LeaseMixin
+from gpuflow.hardware.inventory.lifecycle import LifecycleMixin
+from gpuflow.hardware.inventory.locks import LockMixin
 from gpuflow.hardware.inventory.sync import SyncMixin
 
 
-class Inventory(SyncMixin, FleetMixin, LeaseMixin, ControlMixin, JobsMixin):
+class Inventory(SyncMixin, FleetMixin, LeaseMixin, LockMixin, ControlMixin, LifecycleMixin):
     """Durable cluster state: nodes, devices, partitions, cordons, the spare pool, leases,
-    the job control channel and a jobs registry.
+    the job control channel, the scheduler's pass lock and a jobs registry whose states
+    only the lifecycle (lifecycle.py) moves.
 
     ``Inventory()`` opens SQLite at GPUFLOW_HOME/inventory.db; ``Inventory(url)`` takes any
     SQLAlchemy URL (``postgresql+psycopg://...`` when several hosts share it). Tables are

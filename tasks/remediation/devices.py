@@ -12,17 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import ACTIVE_STATES as LIFECYCLE_ACTIVE
+from gpuflow.hardware.inventory import WAITING_STATES as LIFECYCLE_WAITING
 from gpuflow.hardware.inventory import DeviceRecord, Inventory, Lease
 
 RESOURCE_PREFIX = "gpuflow.device."
 _INDEX = re.compile(r"^\d{1,6}$")
 
-# Job states remediation may take over. "running" jobs are on the device now; "queued"
-# and "checkpointed" ones only when an earlier remediation step or a crash handler put
-# them there for this very device (info["remediation"]["device_uuid"]): a job checkpointed
-# by preemption belongs to the scheduler, not to us.
-ACTIVE_STATES = ("running",)
-WAITING_STATES = ("queued", "checkpointed")
+# Job states remediation may take over. Active attempts (placed, launching, running,
+# checkpointing) are on the device now; "queued", "stopped" and "lost" ones only when an
+# earlier remediation step or a crash handler put them there for this very device
+# (info["remediation"]["device_uuid"]): a job stopped by preemption belongs to the
+# scheduler, not to us. The lifecycle (hardware.inventory) defines both sets.
+ACTIVE_STATES = LIFECYCLE_ACTIVE
+WAITING_STATES = LIFECYCLE_WAITING
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from gpuflow.hardware.backend import (
     InvalidRequestError,
 )
 from gpuflow.hardware.health import health_status
-from gpuflow.hardware.inventory import Inventory, LeaseError
+from gpuflow.hardware.inventory import Inventory, JobState, LeaseError, LeaseLostError
 from gpuflow.tasks.training.binding import Binding, DeviceRequest
 from gpuflow.tasks.training.loop import StepInfo, TrainResult
 from gpuflow.tasks.training.spec import TrainSpec
@@ -97,8 +97,7 @@ def remember_launch(
         "run_id": run_id,
         "deployment": deployment,
     }
-    job = inventory.job(spec.job_id)
-    inventory.set_job_state(spec.job_id, job.state, launch=record)
+    inventory.transition_job(spec.job_id, launch=record)  # fields only: the state stays
     return record
 
 
@@ -245,7 +244,11 @@ class InProcessRunner:
         if handle.alive and not handle.segments[-1].ended_at_s:
             raise LaunchError(f"job {job_id!r} still runs on {handle.segments[-1].device}")
         inventory = cluster.get_inventory()
-        inventory.set_job_state(job_id, "running", resource_ids=[binding.resource.resource_id])
+        # The new attempt, whose leases the binding holds; a still-active older attempt on
+        # the dead device is superseded (marked lost).
+        inventory.place_job(
+            job_id, [binding.resource.resource_id], attempt=binding.lease.attempt, supersede=True
+        )
         self._spawn(handle, binding, cluster)
         return handle
 
@@ -311,17 +314,29 @@ class InProcessRunner:
         res = binding.resource
         inventory = cluster.get_inventory()
         where = f"{res.node}:{res.device_index}"
+        if isinstance(error, LeaseLostError):
+            # Fenced: a newer attempt owns the job; this one writes nothing more.
+            log.warning(
+                "job %s attempt %d was fenced on %s", handle.job_id, binding.lease.attempt, where
+            )
+            return  # like a stop on request: the handle waits for the newer attempt
         if not crash_is_hardware(error, cluster.get_backend(), res.node, res.device_index):
             log.error("job %s failed on %s (not a device fault): %s", handle.job_id, where, error)
-            inventory.set_job_state(handle.job_id, "failed", error=segment.error)
+            inventory.transition_job(
+                handle.job_id,
+                JobState.FAILED,
+                expect_attempt=binding.lease.attempt,
+                error=segment.error,
+            )
             handle.error = segment.error
             handle._done.set()
             return
         log.warning("job %s crashed with its device %s: %s", handle.job_id, where, error)
         # Queued for remediation, marked with the device so remediation takes it over.
-        inventory.set_job_state(
+        inventory.requeue_job(
             handle.job_id,
-            "queued",
+            JobState.LOST,
+            expect_attempt=binding.lease.attempt,
             remediation={
                 "device_uuid": res.device_uuid,
                 "cause": "crash",

@@ -30,7 +30,12 @@ from typing import Any, Literal
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import Backend, DeviceLostError, HardwareError, InvalidRequestError
 from gpuflow.hardware.health import health_status
-from gpuflow.hardware.inventory import ControlTimeoutError, DeviceRecord, Inventory
+from gpuflow.hardware.inventory import (
+    ACTIVE_STATES,
+    ControlTimeoutError,
+    DeviceRecord,
+    Inventory,
+)
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation.devices import DeviceRef, JobOnDevice, parse_device_ref
 from gpuflow.tasks.remediation.launch import (
@@ -233,7 +238,11 @@ def reserve_target(
 ) -> Binding | None:
     """Lease a healthy resource of the job's SKU to the job; None when there is none."""
     try:
-        return lease_device(inventory, backend, target_request(job), owner=job.job_id, ttl_s=ttl_s)
+        # For the job's next attempt: the relaunch places it there (lifecycle place_job).
+        attempt = inventory.job(job.job_id).attempt + 1
+        return lease_device(
+            inventory, backend, target_request(job), owner=job.job_id, ttl_s=ttl_s, attempt=attempt
+        )
     except InvalidRequestError as exc:
         log.warning("job %s: no target: %s", job.job_id, exc)
         return None
@@ -350,9 +359,9 @@ def checkpoint_job(
             # Fence a process that may still run: its next lease renewal fails.
             outcome.fenced = inventory.release_lease(job.resource_id, job.job_id)
     outcome.step = checkpoint_step(outcome.checkpoint_id)
-    inventory.set_job_state(
+    inventory.requeue_job(
         job.job_id,
-        "queued",
+        "stopped" if outcome.how == "on-request" else "lost",  # it answered, or it is gone
         last_checkpoint_id=outcome.checkpoint_id,
         remediation={
             "device_uuid": _device_uuid_of(inventory, job),
@@ -404,7 +413,7 @@ def migrate_job(
         job.job_id, "queued", checkpoint_id=checkpoint.checkpoint_id, step=checkpoint.step
     )
     current = inventory.job(job.job_id)
-    if current.state == "running" and job.resource_id not in current.resource_ids:
+    if current.state in ACTIVE_STATES and job.resource_id not in current.resource_ids:
         # An earlier attempt already relaunched it: nothing more to do.
         res = inventory.resource(current.resource_ids[0]) if current.resource_ids else None
         if binding is not None and binding.resource.resource_id not in current.resource_ids:

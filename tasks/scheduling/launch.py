@@ -77,6 +77,7 @@ def launch_deployment(cluster: Any, job_id: str, deployment: str, cluster_block:
         job_variables = {k: v for k, v in env.items() if k != "pods"}
     primary = record.resource_ids[0]
     node = service.inventory.resource(primary).node
+    service.inventory.mark_launching(job_id, record.attempt)
     run = run_deployment(
         deployment,
         parameters={

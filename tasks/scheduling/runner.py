@@ -5,8 +5,9 @@ running training job.
 It is the train flow's body on the scheduler's lease: preflight, an MLflow run in the
 train experiment with the placement as tags, the training loop (which polls the control
 channel every step and acknowledges a checkpoint-and-stop with its checkpoint), then the
-outcome reported back to the scheduler. A job stopped on request is left "checkpointed"
-for the next pass to re-queue; it resumes from that checkpoint when placed again.
+outcome reported back to the scheduler. A job stopped on request is left "stopped" for
+the next pass to re-queue; it resumes from that checkpoint when placed again. An attempt
+whose lease was lost (LeaseLostError) reports nothing: a newer attempt owns the job.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from gpuflow.hardware.inventory import LeaseLostError
 from gpuflow.tasks.scheduling.service import SchedulerService
 from gpuflow.tasks.scheduling.train_placement import placement_for_train, release_placement
 from prefect import task
@@ -45,10 +47,12 @@ def run_scheduled_job(
     spec = TrainSpec.model_validate({**train, "job_id": job_id})
     binding = placement_for_train(cluster, DeviceRequest(), job_id)
     res = binding.resource
+    attempt = binding.lease.attempt
+    service.inventory.mark_launching(job_id, attempt)
     try:
         preflight(spec, storage, cluster, DeviceRequest(sku=res.sku))
     except Exception:
-        service.job_done(job_id, ok=False)
+        service.job_done(job_id, ok=False, attempt=attempt)
         raise
     experiment_id = use_experiment(experiment or EXPERIMENT)
     client = mlflow.MlflowClient(tracking_uri())
@@ -72,6 +76,9 @@ def run_scheduled_job(
     )
     try:
         result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
+    except LeaseLostError:
+        client.set_terminated(run_id, "KILLED")
+        raise  # fenced: no release, no job-state write
     except Exception:
         client.set_terminated(run_id, "FAILED")
         release_placement(cluster, binding, job_id, ok=False)

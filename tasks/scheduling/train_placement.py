@@ -5,7 +5,8 @@ cluster, a DeviceRequest, the job id), same output (a Binding on a leased resour
 the torch device), but the lease comes through the scheduler, so the job gets a
 homogeneous, policy-placed unit, waits its turn or preempts by priority, and appears in
 ``gpuflow schedule list``. A job the `schedule` flow already placed gets its binding
-straight away (the lease is there, owned by the job id).
+straight away (the lease is there, owned by the job's current attempt). Placement goes
+through the service's pass lock: one writer, whoever asks.
 """
 
 from __future__ import annotations
@@ -106,8 +107,11 @@ def placement_for_train(
     primary = placement.resource_ids[0]
     resource = inventory.resource(primary)
     lease = inventory.lease(primary)
-    if lease is None or lease.owner != job_id:
-        raise NoCapacityError(f"job {job_id!r} lost its lease on {primary} right after placement")
+    attempt = inventory.job(job_id).attempt
+    if lease is None or lease.owner != job_id or lease.attempt != attempt:
+        raise NoCapacityError(
+            f"job {job_id!r} lost its lease on {primary} right after placement (attempt {attempt})"
+        )
     return Binding(
         resource,
         lease,
@@ -124,11 +128,13 @@ def release_placement(
     give the leases back and tell the scheduler how the job ended. A job stopped on request
     (preempted, shrunk, cancelled) is re-queued by the next scheduling pass."""
     service = SchedulerService.for_cluster(cluster)
+    attempt = binding.lease.attempt
     if stopped_by_request:
         # The device goes to whoever the stop was for, at once; the pass re-queues the job.
         for lease in service.inventory.leases(owner=job_id):
-            service.inventory.release_lease(lease.resource_id, job_id)
-    service.job_done(job_id, ok=ok, stopped_by_request=stopped_by_request)
+            if lease.attempt == attempt:
+                service.inventory.release_lease(lease.resource_id, job_id, attempt=attempt)
+    service.job_done(job_id, ok=ok, stopped_by_request=stopped_by_request, attempt=attempt)
     service.backend.end_workload(job_id)
 
 

@@ -44,9 +44,15 @@ def torch_device_for(backend: Backend) -> torch.device:
 
 
 def lease_device(
-    inventory: Inventory, backend: Backend, request: DeviceRequest, owner: str, ttl_s: float = 300.0
+    inventory: Inventory,
+    backend: Backend,
+    request: DeviceRequest,
+    owner: str,
+    ttl_s: float = 300.0,
+    attempt: int = 0,
 ) -> Binding:
-    """Lease the first free resource matching ``request``; refuse clearly when none is."""
+    """Lease the first free resource matching ``request`` to (``owner``, ``attempt``);
+    refuse clearly when none is."""
     if not inventory.devices():
         inventory.sync(backend)
     sku_name = sku(request.sku).name if request.sku else None
@@ -62,7 +68,7 @@ def lease_device(
         )
     for res in candidates:
         try:
-            lease = inventory.acquire_lease(res.resource_id, owner, ttl_s)
+            lease = inventory.acquire_lease(res.resource_id, owner, ttl_s, attempt=attempt)
         except LeaseConflictError:
             continue  # another process took it between the query and the lease
         spec = _sku_or_none(res.sku)

@@ -171,6 +171,18 @@ def _json_ready(meta: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"meta must be JSON-serialisable: {exc}") from None
 
 
+class StaleTokenError(CheckpointError):
+    """A save fenced off: the store holds a checkpoint written under a newer lease."""
+
+    def __init__(self, job_id: str, token: int, newest: int, newest_id: str) -> None:
+        self.job_id, self.token, self.newest = job_id, token, newest
+        super().__init__(
+            f"job {job_id!r}: refusing a checkpoint with fencing token {token}: {newest_id} "
+            f"was committed with the newer token {newest} (this attempt's lease was taken "
+            "over); nothing written"
+        )
+
+
 class CheckpointManager:
     """Save, verify, list, load and prune the checkpoints of one training job.
 
@@ -179,6 +191,8 @@ class CheckpointManager:
     before anything is read into the caller's objects or written to the store.
     ``weights_only`` is passed to torch.load: True (safe) accepts tensors and plain Python
     containers, which is what model/optimizer state and ``capture_rng_state`` produce.
+    ``fencing_token`` is the writer's lease token: it is recorded in every manifest, and a
+    save whose token is older than the newest committed one raises StaleTokenError.
     """
 
     def __init__(
@@ -188,6 +202,7 @@ class CheckpointManager:
         keep_last: int = 3,
         expected_model: str | None = None,
         weights_only: bool = True,
+        fencing_token: int | None = None,
     ) -> None:
         if not isinstance(job_id, str) or not _SAFE_NAME.match(job_id):
             raise ValueError(
@@ -200,6 +215,11 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.expected_model = expected_model
         self.weights_only = weights_only
+        if fencing_token is not None and (
+            isinstance(fencing_token, bool) or not isinstance(fencing_token, int)
+        ):
+            raise ValueError(f"fencing_token must be an integer, got {fencing_token!r}")
+        self.fencing_token = fencing_token
 
     def __repr__(self) -> str:
         return (
@@ -250,6 +270,7 @@ class CheckpointManager:
                 f"but save() was given model_fingerprint {fingerprint}; nothing written"
             )
         self._refuse_other_model(fingerprint)
+        self._refuse_stale_token()
 
         checkpoint_id = checkpoint_id_for(step)
         nonce = secrets.token_hex(4)
@@ -283,7 +304,10 @@ class CheckpointManager:
             "model_fingerprint": fingerprint,
             "meta": meta,
             "files": files,
+            "fencing_token": self.fencing_token,
         }
+        # Again just before the commit: a newer attempt may have committed meanwhile.
+        self._refuse_stale_token()
         # The commit point: before this line the checkpoint does not exist.
         self.store.put_bytes(manifest_key, json.dumps(manifest, indent=1).encode())
 
@@ -320,6 +344,24 @@ class CheckpointManager:
                 f"(newest {committed[-1]}), not {fingerprint}; nothing written. "
                 "Use another job_id or delete the old checkpoints."
             )
+
+    def newest_token(self) -> tuple[int, str] | None:
+        """(the largest fencing token among committed checkpoints, its checkpoint id)."""
+        best: tuple[int, str] | None = None
+        for cid, done in self._checkpoint_ids().items():
+            if not done:
+                continue
+            token = (self._read_manifest_or_none(cid) or {}).get("fencing_token")
+            if isinstance(token, int) and (best is None or token > best[0]):
+                best = (token, cid)
+        return best
+
+    def _refuse_stale_token(self) -> None:
+        if self.fencing_token is None:
+            return
+        newest = self.newest_token()
+        if newest is not None and newest[0] > self.fencing_token:
+            raise StaleTokenError(self.job_id, self.fencing_token, newest[0], newest[1])
 
     def prune(self, protect: str | None = None) -> list[str]:
         """Keep the newest ``keep_last`` committed checkpoints; return the ids removed.

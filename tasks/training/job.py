@@ -1,5 +1,11 @@
 """A training job on the fleet: lease, train with tracking and progress, release.
 
+An attempt is fenced end to end: its leases belong to (job, attempt) and are renewed by a
+LeaseKeeper thread every TTL/3, whatever a step costs; every job-state write is a
+compare-and-swap on that attempt (hardware.inventory lifecycle); every checkpoint carries
+the lease's fencing token. Once the keeper finds a lease gone the loop raises
+LeaseLostError at its next step and the attempt writes nothing more.
+
 Plain functions first (tests call them without Prefect), task wrappers at the bottom.
 """
 
@@ -12,9 +18,17 @@ from typing import Any
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
+from gpuflow.hardware.inventory import JobState, LeaseLostError
+from gpuflow.hardware.inventory.keeper import LeaseKeeper
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
 from gpuflow.tasks.training.checkpoint import checkpoint_manager
-from gpuflow.tasks.training.loop import StepInfo, TrainResult, build_workload, train_loop
+from gpuflow.tasks.training.loop import (
+    CHECKPOINT_AND_STOP,
+    StepInfo,
+    TrainResult,
+    build_workload,
+    train_loop,
+)
 from gpuflow.tasks.training.spec import TrainSpec
 from gpuflow.tasks.training.storage import open_store
 from gpuflow.tasks.training.utilization import DeviceUtilization
@@ -53,13 +67,21 @@ def preflight(
 
 
 def acquire(cluster: GpuCluster, device: DeviceRequest, job_id: str) -> Binding:
+    """Lease a device for the job's next attempt and place the job there."""
     inventory = cluster.get_inventory()
+    job = inventory.record_job(job_id, {"device": device.model_dump()})
+    attempt = job.attempt + 1
     binding = lease_device(
-        inventory, cluster.get_backend(), device, owner=job_id, ttl_s=LEASE_TTL_S
+        inventory, cluster.get_backend(), device, owner=job_id, ttl_s=LEASE_TTL_S, attempt=attempt
     )
     check_owned_node(inventory, binding, job_id)
-    inventory.record_job(job_id, {"device": device.model_dump()}, state="running")
-    inventory.set_job_state(job_id, "running", resource_ids=[binding.resource.resource_id])
+    rid = binding.resource.resource_id
+    try:
+        # The lease we hold proves an older, still active attempt is gone: supersede it.
+        inventory.place_job(job_id, [rid], attempt=attempt, supersede=True)
+    except Exception:
+        inventory.release_lease(rid, job_id, attempt=attempt)
+        raise
     return binding
 
 
@@ -67,7 +89,7 @@ def check_owned_node(inventory: Any, binding: Binding, job_id: str) -> None:
     """A worker that owns a node (GPUFLOW_NODE) runs only jobs placed on that node."""
     owned = owned_node()
     if owned and binding.resource.node != owned:
-        inventory.release_lease(binding.resource.resource_id, job_id)
+        inventory.release_lease(binding.resource.resource_id, job_id, attempt=binding.lease.attempt)
         raise InvalidRequestError(
             f"this worker owns node {owned!r} but job {job_id!r} was placed on "
             f"{binding.resource.node!r}: send it to that node's work queue"
@@ -76,8 +98,31 @@ def check_owned_node(inventory: Any, binding: Binding, job_id: str) -> None:
 
 def release(cluster: GpuCluster, binding: Binding, job_id: str) -> None:
     inventory = cluster.get_inventory()
-    inventory.release_lease(binding.resource.resource_id, job_id)
+    # Only this attempt's lease: a stale attempt must not end its successor's.
+    inventory.release_lease(binding.resource.resource_id, job_id, attempt=binding.lease.attempt)
     cluster.get_backend().end_workload(job_id)
+
+
+class FencedControl:
+    """The control channel as one attempt sees it: a checkpoint-and-stop moves the job to
+    "checkpointing" (compare-and-swap on the attempt), and nothing is answered once the
+    attempt's lease is lost."""
+
+    def __init__(self, inventory: Any, job_id: str, attempt: int, keeper: LeaseKeeper) -> None:
+        self.inventory, self.job_id, self.attempt, self.keeper = inventory, job_id, attempt, keeper
+
+    def poll_control(self, job_id: str) -> Any | None:
+        self.keeper.check()
+        request = self.inventory.poll_control(job_id)
+        if request is not None and request.action == CHECKPOINT_AND_STOP:
+            self.inventory.transition_job(
+                job_id, JobState.CHECKPOINTING, expect_attempt=self.attempt
+            )
+        return request
+
+    def ack_control(self, request_id: Any, checkpoint_id: str) -> Any:
+        self.keeper.check()
+        return self.inventory.ack_control(request_id, checkpoint_id)
 
 
 def run_training(
@@ -87,8 +132,13 @@ def run_training(
     binding: Binding,
     run_id: str | None = None,
     extra_hooks: tuple[Callable[[StepInfo], None], ...] = (),
+    lease_keeper: Callable[..., LeaseKeeper] = LeaseKeeper,
 ) -> TrainResult:
-    """The loop on the leased device, with MLflow metrics, lease renewal and control."""
+    """The loop on the leased device, with MLflow metrics, lease renewal and control.
+
+    ``lease_keeper`` builds the keeper (tests pass one on a fake clock). Raises
+    LeaseLostError when the attempt's lease is lost: nothing is written after that.
+    """
     from gpuflow.tasks.tracking import StepMetricsLogger
 
     backend = cluster.get_backend()
@@ -120,33 +170,38 @@ def run_training(
 
         hooks.append(log_metrics)
 
-    def renew(info: StepInfo) -> None:
-        if info.step % 50 == 0:  # far inside the TTL, cheap enough to do often
-            inventory.renew_lease(res.resource_id, spec.job_id, LEASE_TTL_S)
-
-    hooks.append(renew)
+    attempt = binding.lease.attempt
+    keeper = lease_keeper(inventory, spec.job_id, attempt, [res.resource_id], LEASE_TTL_S)
 
     def checkpointed(cid: str, step: int) -> None:
-        inventory.set_job_state(spec.job_id, "running", last_checkpoint_id=cid)
+        keeper.check()
+        inventory.transition_job(spec.job_id, expect_attempt=attempt, last_checkpoint_id=cid)
 
     try:
+        keeper.start()
+        inventory.transition_job(spec.job_id, JobState.RUNNING, expect_attempt=attempt)
         result = train_loop(
             spec,
             open_store(storage),
             device=binding.torch_device,
             sku=binding.sku,
             utilization=probe,
-            control=inventory,
+            control=FencedControl(inventory, spec.job_id, attempt, keeper),
             hooks=hooks,
             on_checkpoint=checkpointed,
+            guard=keeper.check,
+            fencing_token=binding.lease.token,
         )
+        keeper.check()
     finally:
+        keeper.stop()
         if metrics:
             metrics.flush()
         probe.close()
-    inventory.set_job_state(
+    inventory.transition_job(
         spec.job_id,
-        "checkpointed" if result.stopped_by_request else "finished",
+        JobState.STOPPED if result.stopped_by_request else JobState.FINISHED,
+        expect_attempt=attempt,
         last_checkpoint_id=result.last_checkpoint,
     )
     return result
@@ -184,13 +239,14 @@ preflight_task = task(preflight, name="preflight", cache_policy=NONE)
 
 def _retry_unless_device_lost(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a crashed loop (it resumes from its checkpoint), but not on a device that is
-    gone: that is remediation's job, on another device."""
+    gone (remediation's job, on another device) nor after a lost lease (the attempt is
+    fenced)."""
     try:
         state.result()
-    except DeviceLostError:
-        return False
+    except (DeviceLostError, LeaseLostError):
+        return False  # a lost lease: a newer attempt owns the job now
     except Exception as exc:  # noqa: BLE001 - any other failure is worth a retry
-        return "DeviceLostError" not in repr(exc)
+        return not any(name in repr(exc) for name in ("DeviceLostError", "LeaseLostError"))
     return True
 
 

@@ -178,14 +178,26 @@ def train_loop(
     control: ControlChannel | None = None,
     hooks: Sequence[Callable[[StepInfo], None]] = (),
     on_checkpoint: Callable[[str, int], None] | None = None,
+    guard: Callable[[], None] | None = None,
+    fencing_token: int | None = None,
 ) -> TrainResult:
-    """Train ``spec`` from its latest checkpoint (or from scratch) up to ``spec.steps``."""
+    """Train ``spec`` from its latest checkpoint (or from scratch) up to ``spec.steps``.
+
+    ``guard`` runs before every step and every checkpoint; it raises (LeaseLostError) to
+    stop a run that may no longer write. ``fencing_token`` goes into every checkpoint's
+    manifest; the store refuses a save older than its newest (a stale attempt).
+    """
     started = time.perf_counter()
     device = torch.device(device)
     w = build_workload(spec, device, sku)
     ckpt = CheckpointManager(
-        store, spec.job_id, keep_last=spec.keep_last, expected_model=w.fingerprint
+        store,
+        spec.job_id,
+        keep_last=spec.keep_last,
+        expected_model=w.fingerprint,
+        fencing_token=fencing_token,
     )
+    check = guard or (lambda: None)
     meta = {"model_name": spec.model, "model_fingerprint": w.fingerprint, "spec": spec.model_dump()}
 
     # Resume: the newest checkpoint that verifies (corrupt ones are skipped inside).
@@ -201,6 +213,7 @@ def train_loop(
     checkpoints: list[str] = []
 
     def save(at_step: int) -> str:
+        check()
         cid = ckpt.save(_state(w, at_step), at_step, meta)
         checkpoints.append(cid)
         if on_checkpoint:
@@ -213,6 +226,7 @@ def train_loop(
     batch = spec.resolved_batch_size
     w.model.train()
     while step < spec.steps:
+        check()
         t_wall = time.perf_counter()
         x, y = next(w.sampler)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -42,3 +42,22 @@ def test_refusals_are_one_line_and_exit_2() -> None:
     assert out.exit_code == 2 and "queue depth 2" in out.output
     out = runner.invoke(app, ["cancel", "nobody"])
     assert out.exit_code == 2 and "unknown scheduled job" in out.output
+
+
+def test_list_names_a_job_whose_stored_request_no_longer_validates() -> None:
+    from gpuflow.hardware.inventory import Inventory, schema
+    from sqlalchemy import update
+
+    out = runner.invoke(app, ["submit", "job-q", "--sku", "v100", "--external"])
+    assert out.exit_code == 0, out.output
+    assert runner.invoke(app, ["submit", "job-ok", "--sku", "v100", "--external"]).exit_code == 0
+    inventory = Inventory()
+    spec = inventory.job("job-q").spec
+    spec["request"]["count"] = 0  # no longer a valid request
+    with inventory._engine_here().begin() as conn:
+        conn.execute(update(schema.jobs).where(schema.jobs.c.job_id == "job-q").values(spec=spec))
+    listing = runner.invoke(app, ["list"])
+    assert listing.exit_code == 0, listing.output  # the listing still works
+    row = next(line for line in listing.output.splitlines() if "job-q" in line)
+    assert "quarantined" in row
+    assert "job-ok" in listing.output

@@ -12,7 +12,7 @@ import random
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +35,8 @@ from gpuflow.hardware.inventory import (
     LeaseNotHeldError,
     ResourceUnavailableError,
 )
+
+from tests.helpers.clock import ManualClock
 
 A100 = "NVIDIA A100-SXM4-40GB"
 V100 = "Tesla V100-SXM2-32GB"
@@ -151,14 +153,6 @@ class FakeBackend(Backend):
         raise UnsupportedError("fake")
 
 
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def _sample(node: str, index: int, t: float, **kw: object) -> TelemetrySample:
     base = dict(
         node=node,
@@ -180,19 +174,7 @@ def _sample(node: str, index: int, t: float, **kw: object) -> TelemetrySample:
     return TelemetrySample(**base)  # type: ignore[arg-type]
 
 
-# -- fixtures --------------------------------------------------------------------------
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def inv(inventory_url: str, clock: Clock) -> Iterator[Inventory]:
-    inventory = Inventory(inventory_url, now=clock)
-    yield inventory
-    inventory.close()
-
-
+# -- fixtures (clock and inv: tests/hardware/conftest.py) ------------------------------
 @pytest.fixture
 def fake() -> FakeBackend:
     return FakeBackend()
@@ -443,7 +425,7 @@ def test_partition_of_a_device_leased_whole_is_not_free(
 
 
 # -- leases ----------------------------------------------------------------------------
-def test_lease_conflict_names_holder_and_expiry(synced: Inventory, clock: Clock) -> None:
+def test_lease_conflict_names_holder_and_expiry(synced: Inventory, clock: ManualClock) -> None:
     lease = synced.acquire_lease("GPU-n1-1", "job-a", 30)
     assert (lease.owner, lease.expires_at_s, lease.kind, lease.node) == (
         "job-a",
@@ -460,7 +442,7 @@ def test_lease_conflict_names_holder_and_expiry(synced: Inventory, clock: Clock)
     assert (again.acquired_at_s, again.expires_at_s) == (1000.0, 1040.0)
 
 
-def test_expired_lease_is_taken_over(synced: Inventory, clock: Clock) -> None:
+def test_expired_lease_is_taken_over(synced: Inventory, clock: ManualClock) -> None:
     synced.acquire_lease("MIG-b", "old", 10)
     clock.t = 1010.0  # expires_at == now counts as expired
     taken = synced.acquire_lease("MIG-b", "new", 10)
@@ -469,7 +451,7 @@ def test_expired_lease_is_taken_over(synced: Inventory, clock: Clock) -> None:
     assert synced.lease("MIG-b").owner == "new"  # type: ignore[union-attr]
 
 
-def test_renew_only_by_live_owner(synced: Inventory, clock: Clock) -> None:
+def test_renew_only_by_live_owner(synced: Inventory, clock: ManualClock) -> None:
     synced.acquire_lease("GPU-n2-0", "job-a", 10)
     with pytest.raises(LeaseNotHeldError, match="held by 'job-a', not 'job-b'"):
         synced.renew_lease("GPU-n2-0", "job-b", 10)
@@ -492,7 +474,7 @@ def test_release_is_idempotent(synced: Inventory) -> None:
     assert synced.acquire_lease("GPU-n1-1", "job-b", 10).owner == "job-b"
 
 
-def test_leases_listing_and_expire(synced: Inventory, clock: Clock) -> None:
+def test_leases_listing_and_expire(synced: Inventory, clock: ManualClock) -> None:
     synced.acquire_lease("MIG-a", "job-a", 10)
     synced.acquire_lease("MIG-b", "job-a", 100)
     synced.acquire_lease("GPU-n2-0", "job-b", 100)
@@ -571,7 +553,9 @@ def test_processes_racing_never_share_a_resource(synced: Inventory) -> None:
     assert holders == {rid: owner for owner, w, _ in results for rid in w}
 
 
-def test_processes_racing_to_take_over_expired_leases(synced: Inventory, clock: Clock) -> None:
+def test_processes_racing_to_take_over_expired_leases(
+    synced: Inventory, clock: ManualClock
+) -> None:
     ids = ["GPU-n1-1", "MIG-a", "MIG-b"]
     clock.t = 1000.0  # the children use the real clock: these leases are long expired
     for rid in ids:
@@ -654,7 +638,7 @@ def _ack_worker(url: str, job_id: str, checkpoint_id: str, out) -> None:  # type
 
 
 def test_control_round_trip_with_a_second_process(inv: Inventory) -> None:
-    inv.record_job("train-1", {"model": "lm"}, state="running")
+    inv.record_job("train-1", {"model": "lm"}, state="running")  # seeded directly
     out = MP.Queue()
     child = MP.Process(target=_ack_worker, args=(inv.url, "train-1", "ckpt-7", out))
     child.start()
@@ -672,7 +656,7 @@ def test_control_round_trip_with_a_second_process(inv: Inventory) -> None:
     assert inv.job("train-1").last_checkpoint_id == "ckpt-7"
 
 
-def test_control_order_dedupe_ack_and_errors(inv: Inventory, clock: Clock) -> None:
+def test_control_order_dedupe_ack_and_errors(inv: Inventory, clock: ManualClock) -> None:
     assert inv.poll_control("j") is None
     first = inv.request_control("j", "checkpoint-now")
     assert inv.request_control("j", "checkpoint-now") == first  # still pending: same id
@@ -708,7 +692,7 @@ def test_wait_for_ack_times_out_with_the_request(inv: Inventory) -> None:
 
 
 # -- jobs registry ---------------------------------------------------------------------
-def test_jobs_registry(inv: Inventory, clock: Clock) -> None:
+def test_jobs_registry(inv: Inventory, clock: ManualClock) -> None:
     job = inv.record_job("j1", {"model": "lm", "gpus": 2}, resource_ids=["MIG-a"])
     assert (job.state, job.resource_ids, job.last_checkpoint_id) == ("queued", ("MIG-a",), None)
     assert inv.record_job("j1", {"model": "lm", "gpus": 2}) == job  # retry-safe
@@ -716,28 +700,31 @@ def test_jobs_registry(inv: Inventory, clock: Clock) -> None:
         inv.record_job("j1", {"model": "other"})
     clock.t = 1001.0
     inv.record_job("j2", {"model": "cnn"})
+    inv.place_job("j1", ["MIG-a"], attempt=1)
+    inv.transition_job("j1", "running", expect_attempt=1)
     clock.t = 1005.0
-    moved = inv.set_job_state(
-        "j1", "checkpointed", last_checkpoint_id="ck-3", resource_ids=[], reason="preempted"
+    moved = inv.transition_job(
+        "j1", "stopped", last_checkpoint_id="ck-3", resource_ids=[], reason="preempted"
     )
     assert (moved.state, moved.last_checkpoint_id, moved.resource_ids) == (
-        "checkpointed",
+        "stopped",
         "ck-3",
         (),
     )
     assert moved.info == {"reason": "preempted"} and moved.updated_at_s == 1005.0
-    assert inv.set_job_state("j1", "running", node="n1").info == {
+    assert inv.place_job("j1", ["MIG-a"], attempt=2, node="n1").info == {
         "reason": "preempted",
         "node": "n1",
     }
+    inv.transition_job("j1", "running", expect_attempt=2)
     assert [j.job_id for j in inv.jobs()] == ["j1", "j2"]
     assert [j.job_id for j in inv.jobs("queued")] == ["j2"]
-    with pytest.raises(InvalidRequestError, match="queued, running, checkpointed"):
-        inv.set_job_state("j1", "paused")
+    with pytest.raises(InvalidRequestError, match="queued, placed, launching, running"):
+        inv.transition_job("j1", "paused")
     with pytest.raises(InvalidRequestError, match="unknown job 'nope'"):
         inv.job("nope")
     with pytest.raises(InvalidRequestError, match="JSON"):
-        inv.set_job_state("j1", "running", blob=object())
+        inv.transition_job("j1", "running", blob=object())
     with pytest.raises(InvalidRequestError, match="resource_ids"):
         inv.record_job("j3", {}, resource_ids="MIG-a")
     assert inv.job("j1").state == "running"

@@ -41,9 +41,9 @@ def test_jobs_on_device_takes_running_and_own_queued_jobs_only(inventory: Invent
     inventory.record_job("job-run", {"device": {"sku": "a100-40gb"}}, "running", [a.uuid])
     # A job that crashed with this device, marked for remediation: ours.
     inventory.record_job("job-crashed", {"device": {}}, "queued", [a.uuid])
-    inventory.set_job_state("job-crashed", "queued", remediation={"device_uuid": a.uuid})
+    inventory.transition_job("job-crashed", remediation={"device_uuid": a.uuid})
     # Checkpointed by someone else (preemption): the scheduler's, not ours.
-    inventory.record_job("job-preempted", {"device": {}}, "checkpointed", [a.uuid])
+    inventory.record_job("job-preempted", {"device": {}}, "stopped", [a.uuid])
     inventory.record_job("job-done", {"device": {}}, "finished", [a.uuid])
     inventory.record_job("job-elsewhere", {"device": {}}, "running", [b.uuid])
     inventory.acquire_lease(c.uuid, "serving-replica", 300)  # not a job

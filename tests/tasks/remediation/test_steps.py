@@ -127,7 +127,7 @@ def test_silent_job_falls_back_to_its_periodic_checkpoint_and_is_fenced(cluster)
     res = inv.free_resources(sku=A100)[0]
     inv.acquire_lease(res.resource_id, "ck-silent", 300)
     inv.record_job("ck-silent", {"device": {}}, "running", [res.resource_id])
-    inv.set_job_state("ck-silent", "running", last_checkpoint_id="step-000000040")
+    inv.transition_job("ck-silent", last_checkpoint_id="step-000000040")
     (job,), _ = jobs_on_device(inv, inv.device(res.node, res.device_index))
     out = checkpoint_job(
         inv, job, device_present=True, policy=RemediationPolicy(checkpoint_timeout_s=0.3)

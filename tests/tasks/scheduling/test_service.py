@@ -61,7 +61,7 @@ def test_pass_places_leases_and_describes_the_run_environment(cluster) -> None:
     assert len(ids) == 2 and len(placed["nodes"]) == 1  # a node-local gang
     assert {lease.resource_id for lease in svc.inventory.leases(owner="gang")} == set(ids)
     rec = svc.inventory.job("gang")
-    assert rec.state == "running" and list(rec.resource_ids) == ids
+    assert rec.state == "placed" and list(rec.resource_ids) == ids and rec.attempt == 1
     env = placed["env"]["env_by_node"][placed["nodes"][0]]
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(ids) and env["GPUFLOW_TORCH_DEVICE"] == "cpu"
     k8s = placed["env"]["job_variables"]
@@ -125,7 +125,7 @@ def test_preemption_goes_through_the_control_channel(cluster) -> None:
     assert report.stopping == [victim["job_id"]] and report.waiting == ["high"]
     # The victim's loop: checkpoint, acknowledge, record, give the device back.
     inv.ack_control(req.request_id, "step-000000007")
-    inv.set_job_state(victim["job_id"], "checkpointed", last_checkpoint_id="step-000000007")
+    inv.transition_job(victim["job_id"], "stopped", last_checkpoint_id="step-000000007")
     report = svc.schedule_once()
     assert report.requeued == [victim["job_id"]]
     (placed,) = report.placed
@@ -177,7 +177,7 @@ def test_cancel_waiting_and_running_jobs(cluster) -> None:
     assert svc.cancel("run") == "stopping"
     req = svc.inventory.poll_control("run")
     svc.inventory.ack_control(req.request_id, "step-000000003")
-    svc.inventory.set_job_state("run", "checkpointed", last_checkpoint_id="step-000000003")
+    svc.inventory.transition_job("run", "stopped", last_checkpoint_id="step-000000003")
     svc.schedule_once()
     states = {v.job_id: v.state for v in svc.jobs(include_done=True)}
     assert states["run"] == "cancelled" and states["queued-one"] == "cancelled"

@@ -18,6 +18,7 @@ from gpuflow.tasks.training.checkpoint import (
     CheckpointManager,
     CheckpointNotFoundError,
     ModelMismatchError,
+    StaleTokenError,
     capture_rng_state,
     checkpoint_id_for,
     model_fingerprint,
@@ -407,3 +408,23 @@ def test_benchmark_reports_and_cleans_up(tmp_path: Path) -> None:
         assert result[key] > 0
     assert result["ratio"] == pytest.approx(result["raw_write_s"] / result["save_s"])
     assert list((tmp_path / "bench").iterdir()) == []
+
+
+# -- fencing ----------------------------------------------------------------------------
+def test_a_stale_attempts_checkpoint_write_is_refused(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    old = CheckpointManager(store, "job", fencing_token=5)
+    new = CheckpointManager(store, "job", fencing_token=7)
+    old.save({"w": torch.ones(2)}, 10)
+    new.save({"w": torch.zeros(2)}, 4)  # attempt 2 resumed from an older checkpoint
+    with pytest.raises(StaleTokenError, match=r"fencing token 5: step-000000004 .* token 7"):
+        old.save({"w": torch.ones(2)}, 20)
+    assert [c.checkpoint_id for c in new.list()] == ["step-000000004", "step-000000010"]
+    assert new.newest_token() == (7, "step-000000004")
+    # The newer writer goes on; a writer without a token (no lease) is not fenced.
+    new.save({"w": torch.zeros(2)}, 6)
+    CheckpointManager(store, "job").save({"w": torch.zeros(2)}, 8)
+    manifest = json.loads((tmp_path / "job" / "step-000000006" / "manifest.json").read_text())
+    assert manifest["fencing_token"] == 7
+    with pytest.raises(ValueError, match="fencing_token must be an integer"):
+        CheckpointManager(store, "job", fencing_token="7")  # type: ignore[arg-type]
