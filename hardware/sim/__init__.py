@@ -2,8 +2,9 @@
 
 Modules: cluster_spec (YAML fleet), state (shared JSON + lock), clock (sim time),
 physics (power/heat/throttling), hazard (failure schedules, pure), faults (fault classes),
-workloads (tenants and sharing), fleet (running devices forward), backend (SimBackend).
-No Prefect, no torch.
+workloads (tenants and sharing), fleet (running devices forward), backend (SimBackend,
+composed of core and one module per kind of Backend call: partitions_api, clocks_api,
+tenants_api, faults_api). No Prefect, no torch.
 """
 
 from gpuflow.hardware.sim.backend import SimBackend

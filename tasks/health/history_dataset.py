@@ -1,0 +1,127 @@
+"""The fleet history as data: labelled windows per split (``SplitData``) and the whole
+history (``History``) with its on-disk form (one .npz, versioned).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gpuflow.tasks.health.history_config import HISTORY_VERSION, SPLITS, HistoryConfig
+
+
+@dataclass
+class SplitData:
+    """One split: bucket rows, windows over them, the failures they hold, population sizes.
+
+    Window arrays (one entry per window): ``end_row`` (row of its newest bucket in
+    ``buckets``), ``t_end_s``, ``ttf_s`` (seconds from the window's end to the device's
+    next failure in the segment; inf when none), ``seg`` (segment number), ``weight``
+    (population windows it stands for). Segment arrays: ``seg_ordinal``, ``seg_kind``
+    (0 incident, 1 background), ``seg_fault`` (row in the failure table or -1).
+    Failure table: ``fail_ordinal``, ``fail_kind`` (class name), ``fail_s``, ``fail_onset_s``,
+    ``fail_lemon``.
+    """
+
+    name: str
+    buckets: np.ndarray
+    end_row: np.ndarray
+    t_end_s: np.ndarray
+    ttf_s: np.ndarray
+    seg: np.ndarray
+    weight: np.ndarray
+    seg_ordinal: np.ndarray
+    seg_kind: np.ndarray
+    seg_fault: np.ndarray
+    fail_ordinal: np.ndarray
+    fail_kind: np.ndarray
+    fail_s: np.ndarray
+    fail_onset_s: np.ndarray
+    fail_lemon: np.ndarray
+    device_days: float  # the split's devices x its time range, less repair downtime
+    background_device_days: float  # of which away from incidents (what bg segments sample)
+    sampled_background_device_days: float
+    window: int
+
+    def windows(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """[len(idx), window, F] float32 (all windows when idx is None)."""
+        rows = self.end_row if idx is None else self.end_row[idx]
+        offsets = np.arange(-self.window + 1, 1)
+        return self.buckets[rows[:, None] + offsets[None, :]]
+
+    def labels(self, horizon_s: float) -> np.ndarray:
+        return ((self.ttf_s > 0) & (self.ttf_s <= horizon_s)).astype(np.float32)
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.end_row)
+
+    def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        out = {}
+        for k, v in self.__dict__.items():
+            if isinstance(v, np.ndarray):
+                out[prefix + k] = v
+        out[prefix + "scalars"] = np.array(
+            [
+                self.device_days,
+                self.background_device_days,
+                self.sampled_background_device_days,
+                self.window,
+            ],
+            dtype=np.float64,
+        )
+        return out
+
+    @classmethod
+    def from_arrays(cls, name: str, z: Any, prefix: str) -> SplitData:
+        kw = {
+            k[len(prefix) :]: z[k]
+            for k in z.files
+            if k.startswith(prefix) and k != prefix + "scalars"
+        }
+        dd, bdd, sbdd, w = z[prefix + "scalars"]
+        return cls(
+            name=name,
+            device_days=float(dd),
+            background_device_days=float(bdd),
+            sampled_background_device_days=float(sbdd),
+            window=int(w),
+            **kw,
+        )
+
+
+@dataclass
+class History:
+    config: HistoryConfig
+    splits: dict[str, SplitData]
+    stats: dict[str, Any]
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        for name, sp in self.splits.items():
+            arrays.update(sp.to_arrays(f"{name}__"))
+        meta = {
+            "config": self.config.model_dump(mode="json"),
+            "stats": self.stats,
+            "version": HISTORY_VERSION,
+        }
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> History:
+        with np.load(Path(path), allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("version") != HISTORY_VERSION:
+                raise ValueError(
+                    f"{path}: history version {meta.get('version')!r}, expected {HISTORY_VERSION}"
+                )
+            splits = {s: SplitData.from_arrays(s, z, f"{s}__") for s in SPLITS}
+        return cls(HistoryConfig(**meta["config"]), splits, meta["stats"])

@@ -1,0 +1,137 @@
+"""Splits of the fleet history (DESIGN.md section 6: by node and by time) and their
+segments: an incident segment per failure in the split's time range, background segments
+at random devices and times away from any incident, each background window weighted by
+how many population windows it stands for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gpuflow.hardware.sim.hazard import DAY_S
+from gpuflow.tasks.health.features import BUCKET_S, N_FEATURES
+from gpuflow.tasks.health.history_config import HistoryConfig, align_down, history_rng
+from gpuflow.tasks.health.history_dataset import SplitData
+from gpuflow.tasks.health.history_fleet import Device, Fault
+from gpuflow.tasks.health.history_series import Segment, simulate_segment
+
+
+def split_of_nodes(cfg: HistoryConfig) -> np.ndarray:
+    """Split number (0 train, 1 val, 2 test) per node: a seeded shuffle."""
+    order = np.random.default_rng(cfg.seed).permutation(cfg.nodes)
+    n_train = max(1, round(cfg.nodes * cfg.node_fractions[0]))
+    n_val = max(1, round(cfg.nodes * cfg.node_fractions[1]))
+    out = np.full(cfg.nodes, 2, dtype=np.int64)
+    out[order[:n_train]] = 0
+    out[order[n_train : n_train + n_val]] = 1
+    return out
+
+
+def split_time_ranges(cfg: HistoryConfig) -> list[tuple[float, float]]:
+    total = cfg.days * DAY_S
+    edges = np.concatenate([[0.0], np.cumsum(cfg.time_fractions)]) * total
+    return [(float(edges[i]), float(edges[i + 1])) for i in range(3)]
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def build_split(
+    cfg: HistoryConfig, name: str, si: int, devs: list[Device], t0: float, t1: float
+) -> SplitData:
+    w = cfg.window
+    warm = (w - 1) * BUCKET_S
+    segments: list[Segment] = []
+    faults: list[Fault] = []
+    by_ordinal = {d.ordinal: d for d in devs}
+    # Incidents: failures inside the split's time range.
+    for d in devs:
+        prev_repair = 0.0
+        for f in d.faults:
+            if t0 <= f.failure_s < t1:
+                start = align_down(max(f.incident_start_s(), prev_repair) - warm)
+                start = max(start, align_down(prev_repair))
+                n = int((f.failure_s - start) // BUCKET_S)
+                if n >= w:
+                    faults.append(f)
+                    segments.append(Segment(d.ordinal, start, n, "incident", f))
+            prev_repair = f.repaired_s
+    # Population: device-time in range, less repair downtime; background: less incidents.
+    span = t1 - t0
+    device_s = len(devs) * span
+    background_s = device_s
+    for d in devs:
+        for f in d.faults:
+            device_s -= _overlap(f.failure_s, f.repaired_s, t0, t1)
+            background_s -= _overlap(f.incident_start_s(), f.repaired_s, t0, t1)
+    # Background segments: random devices and times clear of incidents and downtime.
+    seg_s = cfg.background_segment_s[si]
+    n_bg = cfg.background_segments[si]
+    rng = history_rng(cfg.seed, "background", name)
+    n_bucket = int(seg_s // BUCKET_S)
+    placed = tries = 0
+    while placed < n_bg and tries < n_bg * 50:
+        tries += 1
+        d = devs[rng.randrange(len(devs))]
+        start = align_down(rng.uniform(t0, t1 - seg_s))
+        a, b = start - warm, start + n_bucket * BUCKET_S
+        if any(_overlap(a, b, x, y) > 0 for x, y in d.blocked()):
+            continue
+        segments.append(Segment(d.ordinal, a, n_bucket + w - 1, "background"))
+        placed += 1
+    # Simulate every segment and lay out its windows.
+    fault_row = {id(f): i for i, f in enumerate(faults)}
+    bucket_parts: list[np.ndarray] = []
+    end_rows, t_ends, ttfs, segs, kinds = [], [], [], [], []
+    row = 0
+    for si_, seg in enumerate(segments):
+        b = simulate_segment(cfg, by_ordinal[seg.ordinal], seg)
+        bucket_parts.append(b)
+        k = np.arange(w - 1, seg.n)
+        end_rows.append(row + k)
+        t_end = seg.t0_s + (k + 1) * BUCKET_S
+        t_ends.append(t_end)
+        if seg.fault is not None:
+            ttfs.append(seg.fault.failure_s - t_end)
+        else:
+            ttfs.append(np.full(len(k), np.inf))
+        segs.append(np.full(len(k), si_))
+        kinds.append(0 if seg.kind == "incident" else 1)
+        row += seg.n
+    buckets = (
+        np.concatenate(bucket_parts).astype(np.float32)
+        if bucket_parts
+        else np.zeros((0, N_FEATURES), np.float32)
+    )
+    end_row = np.concatenate(end_rows) if end_rows else np.zeros(0, np.int64)
+    seg_arr = np.concatenate(segs) if segs else np.zeros(0, np.int64)
+    seg_kind = np.asarray(kinds, dtype=np.int64)
+    is_bg = seg_kind[seg_arr] == 1 if len(seg_arr) else np.zeros(0, bool)
+    sampled_bg_s = placed * n_bucket * BUCKET_S
+    weight = np.ones(len(end_row), dtype=np.float64)
+    if placed:
+        weight[is_bg] = max(background_s, 0.0) / sampled_bg_s
+    return SplitData(
+        name=name,
+        buckets=buckets,
+        end_row=end_row.astype(np.int64),
+        t_end_s=np.concatenate(t_ends) if t_ends else np.zeros(0),
+        ttf_s=np.concatenate(ttfs) if ttfs else np.zeros(0),
+        seg=seg_arr.astype(np.int64),
+        weight=weight,
+        seg_ordinal=np.asarray([s.ordinal for s in segments], dtype=np.int64),
+        seg_kind=seg_kind,
+        seg_fault=np.asarray(
+            [fault_row[id(s.fault)] if s.fault is not None else -1 for s in segments],
+            dtype=np.int64,
+        ),
+        fail_ordinal=np.asarray([f.ordinal for f in faults], dtype=np.int64),
+        fail_kind=np.asarray([f.kind for f in faults], dtype="U24"),
+        fail_s=np.asarray([f.failure_s for f in faults], dtype=np.float64),
+        fail_onset_s=np.asarray([f.onset_s for f in faults], dtype=np.float64),
+        fail_lemon=np.asarray([by_ordinal[f.ordinal].lemon for f in faults], dtype=bool),
+        device_days=device_s / DAY_S,
+        background_device_days=max(background_s, 0.0) / DAY_S,
+        sampled_background_device_days=sampled_bg_s / DAY_S,
+        window=w,
+    )
