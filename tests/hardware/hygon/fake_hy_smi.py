@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for Hygon's ``hy-smi`` that keeps its state in a JSON file.
 
-Output shapes follow the public samples quoted in hardware/hygon_parse.py: the
+Output shapes follow the public samples quoted in hardware/hygon/parse.py: the
 ``hy-smi virtual`` blocks from HAMi's vDCU guide, ``--json`` as ``{"card0": {...}}`` with
 string values, text lines as ``DCU[0]\t\t: ...``, and ``hy-smi mig`` tables in
 nvidia-smi's layout. Where no public sample exists (errors, the answer when no vDCU
