@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.launching import DeploymentLauncher
 from gpuflow.tasks.scheduling.launch import (
-    launch_deployment_task,
+    launch_placed_task,
     queue_rows_task,
     resolve_launch,
     schedule_pass_task,
 )
 from gpuflow.tasks.scheduling.model import SchedulerConfig
-from gpuflow.tasks.scheduling.runner import run_job_task
+from gpuflow.tasks.scheduling.runner import InlineLauncher, run_placed_task
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
@@ -43,6 +44,7 @@ def schedule(
     storage = storage or CheckpointStorage()
     config = SchedulerConfig.from_env(policy=policy, preemption=preemption, queue_depth=queue_depth)
     mode = resolve_launch(launch, train_deployment)
+    deployments, inline = DeploymentLauncher(train_deployment), InlineLauncher(cluster, storage)
     passes: list[dict] = []
     results: dict[str, dict] = {}
     launched: dict[str, str] = {}
@@ -62,13 +64,13 @@ def schedule(
             break
         for job_id in report["to_start"]:
             if mode == "deployment":
-                launched[job_id] = launch_deployment_task(
-                    cluster, job_id, train_deployment, cluster_block
-                )
-            else:
-                out = run_job_task(cluster, storage, job_id)
+                receipt = launch_placed_task(cluster, job_id, deployments, cluster_block)
+                launched[job_id] = receipt.get("flow_run_id", "")
+                continue
+            receipt = run_placed_task(cluster, job_id, inline, cluster_block)
+            if receipt.get("result"):
                 results[job_id] = {
-                    k: out[k]
+                    k: receipt["result"][k]
                     for k in (
                         "steps_done",
                         "resumed_from_step",

@@ -97,6 +97,16 @@ def postgres_url(pytestconfig: pytest.Config) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    """A real (temporary, local) Prefect server for the rest of the session, started once
+    by whichever test needs one first (every test under tests/flows/ does)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def inventory_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty inventory database: a SQLite file, or the session's PostgreSQL wiped."""

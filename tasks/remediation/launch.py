@@ -3,13 +3,14 @@
 Remediation can only resume a job it knows how to start. Whoever starts a job leaves a
 *launch record* in the job's inventory entry (``remember_launch``): the TrainSpec, where
 its checkpoints live (never a secret: a saved block's name, or the non-secret fields),
-what device it asked for, its MLflow run, and which launcher runs it:
+what device it asked for, its MLflow run, and which kind of launcher (tasks/launching.py)
+runs it:
 
-* ``in-process`` - ``InProcessRunner``: the job's training loop in a thread of this
-  process (tests, the demo, a long-lived agent). A relaunch is another thread, logging to
-  the same MLflow run, so the loss curve of a moved job is one curve.
-* ``deployment`` - the `train` deployment (`run_deployment`), which resumes from the
-  latest checkpoint by itself.
+* ``in-process`` - ``InProcessLauncher`` over ``InProcessRunner``: the job's training loop
+  in a thread of this process (tests, the demo, a long-lived agent). A relaunch is another
+  thread, logging to the same MLflow run, so the loss curve of a moved job is one curve.
+* ``deployment`` - ``DeploymentLauncher``: the `train` deployment, which resumes from the
+  latest checkpoint by itself; one flow run per (job, attempt), whoever asks how often.
 
 A job without a launch record is still checkpointed and queued; an operator resumes it
 with `gpuflow train` under the same job id.
@@ -34,21 +35,26 @@ from gpuflow.hardware.backend import (
 )
 from gpuflow.hardware.health import health_status
 from gpuflow.hardware.inventory import Inventory, JobState, LeaseError, LeaseLostError
-from gpuflow.tasks.training.binding import Binding, DeviceRequest
+from gpuflow.tasks.launching import (
+    TRAIN_DEPLOYMENT,
+    AlreadyLaunchedError,
+    DeploymentLauncher,
+    Launcher,
+    LaunchError,
+    LaunchOrder,
+    LaunchReceipt,
+)
+from gpuflow.tasks.training.binding import Binding, DeviceRequest, bind_held_lease
 from gpuflow.tasks.training.loop import StepInfo, TrainResult
 from gpuflow.tasks.training.spec import TrainSpec
-from gpuflow.tasks.worker_queues import queue_for_node
 
 log = logging.getLogger(__name__)
 
 LAUNCHERS = ("in-process", "deployment")
-TRAIN_DEPLOYMENT = "train/train"
 
 CrashHandler = Callable[[str, str, BaseException], Any]  # (job id, "node:index", error)
 
-
-class LaunchError(HardwareError):
-    """A job could not be started again (no launch record, no deployment...)."""
+__all__ = ["LAUNCHERS", "TRAIN_DEPLOYMENT", "CrashHandler", "LaunchError", "relaunch"]
 
 
 # -- launch records ---------------------------------------------------------------------
@@ -244,11 +250,18 @@ class InProcessRunner:
         if handle.alive and not handle.segments[-1].ended_at_s:
             raise LaunchError(f"job {job_id!r} still runs on {handle.segments[-1].device}")
         inventory = cluster.get_inventory()
-        # The new attempt, whose leases the binding holds; a still-active older attempt on
-        # the dead device is superseded (marked lost).
-        inventory.place_job(
-            job_id, [binding.resource.resource_id], attempt=binding.lease.attempt, supersede=True
-        )
+        attempt, resource_id = binding.lease.attempt, binding.resource.resource_id
+        current = inventory.job(job_id)
+        if current.attempt != attempt:
+            # The new attempt, whose leases the binding holds; a still-active older attempt
+            # on the dead device is superseded (marked lost).
+            inventory.place_job(job_id, [resource_id], attempt=attempt, supersede=True)
+        elif current.state != JobState.PLACED:
+            raise AlreadyLaunchedError(f"job {job_id!r} attempt {attempt} was already started")
+        elif resource_id not in current.resource_ids:
+            raise LaunchError(f"job {job_id!r} attempt {attempt} is placed on other resources")
+        if not inventory.mark_launching(job_id, attempt):
+            raise AlreadyLaunchedError(f"job {job_id!r} attempt {attempt} was already started")
         self._spawn(handle, binding, cluster)
         return handle
 
@@ -360,6 +373,53 @@ RUNNER = InProcessRunner()
 # -- relaunch -----------------------------------------------------------------------------
 
 
+class InProcessLauncher(Launcher):
+    """A launch order run by ``RUNNER`` in a thread of this process.
+
+    The order's lease must be held by the job's attempt (remediation's reservation, or a
+    scheduling pass's placement); a job this process never saw is rebuilt from its launch
+    ``record``. Of two launchers of one attempt, the one that moves it to launching runs it.
+    """
+
+    name = "in-process"
+
+    def __init__(
+        self,
+        cluster: GpuCluster,
+        record: dict[str, Any] | None,
+        on_crash: CrashHandler | None = None,
+        runner: InProcessRunner | None = None,
+    ) -> None:
+        self.cluster, self.record, self.on_crash = cluster, record, on_crash
+        self.runner = runner or RUNNER
+
+    def launch(self, order: LaunchOrder) -> LaunchReceipt:
+        binding = _binding_of(self.cluster, order)
+        try:
+            self.runner.resume(
+                order.job_id, binding, self.cluster, record=self.record, on_crash=self.on_crash
+            )
+        except AlreadyLaunchedError:
+            return LaunchReceipt(self.name, order.job_id, order.attempt, started=False)
+        return LaunchReceipt(self.name, order.job_id, order.attempt, started=True)
+
+
+def _binding_of(cluster: GpuCluster, order: LaunchOrder) -> Binding:
+    """The order's resource bound to torch, on the lease its attempt holds."""
+    inventory = cluster.get_inventory()
+    binding = bind_held_lease(
+        inventory, cluster.get_backend(), order.resource_id, order.job_id, order.attempt
+    )
+    if binding is None:
+        lease = inventory.lease(order.resource_id)
+        held = f"{lease.owner} attempt {lease.attempt}" if lease else "nobody"
+        raise LaunchError(
+            f"job {order.job_id!r} attempt {order.attempt} does not hold {order.resource_id} "
+            f"(held by {held})"
+        )
+    return binding
+
+
 def relaunch(
     job_id: str,
     launch: dict[str, Any] | None,
@@ -367,7 +427,8 @@ def relaunch(
     cluster: GpuCluster,
     on_crash: CrashHandler | None = None,
 ) -> dict[str, Any]:
-    """Start ``job_id`` again on ``binding`` (leased to it) with its launcher.
+    """Start ``job_id`` again on ``binding`` (leased to its next attempt) with the kind of
+    launcher its launch record names.
 
     Returns what was started. Raises LaunchError when the job cannot be started here;
     the lease is then still held by the job id: the caller releases it.
@@ -377,50 +438,41 @@ def relaunch(
             f"job {job_id!r} has no launch record: it stays checkpointed and queued; resume it "
             f"with `gpuflow train --job-id {job_id}` (same job id: it resumes from its checkpoint)"
         )
-    launcher = launch.get("launcher")
+    kind = launch.get("launcher")
     res = binding.resource
     where = {"node": res.node, "device_index": res.device_index, "resource_id": res.resource_id}
-    if launcher == "in-process":
-        RUNNER.resume(job_id, binding, cluster, record=launch, on_crash=on_crash)
-        return {"launcher": "in-process", **where}
-    if launcher == "deployment":
-        return _run_train_deployment(job_id, launch, binding, cluster) | where
-    raise LaunchError(f"job {job_id!r} has an unknown launcher {launcher!r}")
+    order = LaunchOrder(job_id, binding.lease.attempt, res.resource_id, res.node)
+    if kind == InProcessLauncher.name:
+        receipt = InProcessLauncher(cluster, launch, on_crash).launch(order)
+    elif kind == DeploymentLauncher.name:
+        receipt = _relaunch_deployment(launch, order, binding, cluster)
+    else:
+        raise LaunchError(f"job {job_id!r} has an unknown launcher {kind!r}")
+    return {**receipt.to_dict(), **where}
 
 
-def _run_train_deployment(
-    job_id: str, launch: dict[str, Any], binding: Binding, cluster: GpuCluster
-) -> dict[str, Any]:
-    from prefect.deployments import run_deployment
-
-    name = launch.get("deployment") or TRAIN_DEPLOYMENT
-    inventory = cluster.get_inventory()
-    # The train flow leases for itself (through the scheduler): free our reservation just
-    # before it looks.
-    inventory.release_lease(binding.resource.resource_id, job_id)
+def _relaunch_deployment(
+    launch: dict[str, Any], order: LaunchOrder, binding: Binding, cluster: GpuCluster
+) -> LaunchReceipt:
+    launcher = DeploymentLauncher(launch.get("deployment") or TRAIN_DEPLOYMENT)
     storage = storage_fields(storage_from_record(launch["storage"]))
     # Pinned to the device remediation chose, and sent to the work queue of the worker that
     # owns its node (when workers own nodes), so the job resumes exactly there.
-    target = binding.resource
-    parameters: dict[str, Any] = {
-        "spec": launch["train_spec"],
-        "device": {"resource_id": target.resource_id},
-        "storage": storage,
-    }
-    try:
-        flow_run = run_deployment(
-            name=name,
-            parameters=parameters,
-            timeout=0,
-            work_queue_name=queue_for_node(name, target.node),
-        )
-    except Exception as exc:  # ObjectNotFound and friends: say which deployment
-        from prefect.exceptions import ObjectNotFound
-
-        why = (
-            "it is not deployed on this Prefect server (`gpuflow up` applies prefect.yaml)"
-            if isinstance(exc, ObjectNotFound)
-            else f"{type(exc).__name__}: {exc}"
-        )
-        raise LaunchError(f"cannot start deployment {name!r} for job {job_id!r}: {why}") from exc
-    return {"launcher": "deployment", "deployment": name, "flow_run_id": str(flow_run.id)}
+    order = LaunchOrder(
+        order.job_id,
+        order.attempt,
+        order.resource_id,
+        order.node,
+        parameters={
+            "spec": launch["train_spec"],
+            "device": {"resource_id": order.resource_id},
+            "storage": storage,
+        },
+    )
+    placed = cluster.get_inventory().job(order.job_id)
+    if placed.attempt != order.attempt:
+        # The train flow leases for itself (through the scheduler): free our reservation
+        # just before it looks. A placement already made for this attempt (a scheduling
+        # pass took the job) stays: the flow run finds it.
+        cluster.get_inventory().release_lease(binding.resource.resource_id, order.job_id)
+    return launcher.launch(order)

@@ -35,6 +35,7 @@ from gpuflow.hardware.inventory import (
     ControlTimeoutError,
     DeviceRecord,
     Inventory,
+    JobState,
 )
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation.devices import DeviceRef, JobOnDevice, parse_device_ref
@@ -45,7 +46,7 @@ from gpuflow.tasks.remediation.launch import (
     storage_from_record,
 )
 from gpuflow.tasks.remediation.notify import send_task, summary
-from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
+from gpuflow.tasks.training.binding import Binding, DeviceRequest, bind_held_lease, lease_device
 from gpuflow.tasks.training.storage import open_store
 from prefect import task
 from prefect.blocks.notifications import NotificationBlock
@@ -414,15 +415,22 @@ def migrate_job(
     )
     current = inventory.job(job.job_id)
     if current.state in ACTIVE_STATES and job.resource_id not in current.resource_ids:
-        # An earlier attempt already relaunched it: nothing more to do.
         res = inventory.resource(current.resource_ids[0]) if current.resource_ids else None
         if binding is not None and binding.resource.resource_id not in current.resource_ids:
             inventory.release_lease(binding.resource.resource_id, job.job_id)  # not needed
-        out.status = "resumed"
-        if res is not None:
-            out.target, out.resource_id = f"{res.node}:{res.device_index}", res.resource_id
-        out.detail = "already resumed"
-        return out
+        if current.state != JobState.PLACED or res is None:
+            # An earlier attempt of remediation already relaunched it: nothing more to do.
+            out.status = "resumed"
+            if res is not None:
+                out.target, out.resource_id = f"{res.node}:{res.device_index}", res.resource_id
+            out.detail = "already resumed"
+            return out
+        # Placed elsewhere meanwhile (a scheduling pass took the queued job) but not
+        # started: start that placement. Whoever else starts it (the `schedule` flow) does
+        # so under the same (job, attempt): one run.
+        binding = bind_held_lease(
+            inventory, backend, res.resource_id, current.job_id, current.attempt
+        )
     if binding is not None:
         held = inventory.lease(binding.resource.resource_id)
         if held is None or held.owner != job.job_id:

@@ -1,8 +1,9 @@
 """The `schedule` flow's work: one scheduling pass, and starting what it placed.
 
-A placed job starts through the `train` deployment when one exists (on whatever work pool
-it is deployed to; a Kubernetes pool also gets the placement's job variables), else in
-this process (runner.py). Plain functions first, thin task wrappers at the bottom.
+A placed job starts through a launcher (tasks/launching.py): the `train` deployment when
+one exists (on whatever work pool it is deployed to; a Kubernetes pool also gets the
+placement's job variables), else in this process (runner.py's InlineLauncher). Plain
+functions first, thin task wrappers at the bottom.
 """
 
 from __future__ import annotations
@@ -10,9 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpuflow.tasks.launching import (
+    DeploymentLauncher,
+    Launcher,
+    LaunchError,
+    LaunchOrder,
+    LaunchReceipt,
+    deployment_target,
+)
 from gpuflow.tasks.scheduling.model import SchedulerConfig
 from gpuflow.tasks.scheduling.service import SchedulerService
-from gpuflow.tasks.worker_queues import queue_for_node
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -33,26 +41,6 @@ def schedule_pass(cluster: Any, config: SchedulerConfig, ack_timeout_s: float) -
     return out
 
 
-def deployment_target(name: str) -> tuple[bool, bool]:
-    """(the deployment exists, its work pool is a Kubernetes one)."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            deployment = client.read_deployment_by_name(name)
-        except ObjectNotFound:
-            return False, False
-        pool_name = getattr(deployment, "work_pool_name", None)
-        if not pool_name:
-            return True, False
-        try:
-            pool = client.read_work_pool(pool_name)
-        except ObjectNotFound:
-            return True, False
-        return True, str(getattr(pool, "type", "")).startswith("kubernetes")
-
-
 def resolve_launch(mode: str, deployment: str) -> str:
     if mode not in LAUNCH_MODES:
         raise ValueError(f"launch {mode!r} is not one of {', '.join(LAUNCH_MODES)}")
@@ -62,37 +50,45 @@ def resolve_launch(mode: str, deployment: str) -> str:
     return "deployment" if exists else "in-process"
 
 
-def launch_deployment(cluster: Any, job_id: str, deployment: str, cluster_block: str | None) -> str:
-    """Start the `train` deployment on the job's placement; returns the flow run id."""
-    from prefect.deployments import run_deployment
-
+def launch_order(cluster: Any, job_id: str, cluster_block: str | None) -> LaunchOrder:
+    """The order to start a placed job's current attempt where the pass placed it."""
     service = SchedulerService.for_cluster(cluster)
     record = service.inventory.job(job_id)
+    if not record.resource_ids:
+        raise LaunchError(f"job {job_id!r} is {record.state} with no placement: nothing to start")
     train = service.train_spec(job_id) or {}
     sched = dict(record.info.get("sched") or {})
-    _, kubernetes = deployment_target(deployment)
-    job_variables = None
-    if kubernetes:
-        env = (sched.get("env") or {}).get("job_variables") or {}
-        job_variables = {k: v for k, v in env.items() if k != "pods"}
+    env = (sched.get("env") or {}).get("job_variables") or {}
     primary = record.resource_ids[0]
-    node = service.inventory.resource(primary).node
-    service.inventory.mark_launching(job_id, record.attempt)
-    run = run_deployment(
-        deployment,
+    return LaunchOrder(
+        job_id,
+        record.attempt,
+        primary,
+        service.inventory.resource(primary).node,
         parameters={
             "spec": {**train, "job_id": job_id},
             "device": {"resource_id": primary},
             "cluster_block": cluster_block,
         },
-        timeout=0,  # fire and forget: the next pass reaps it
-        as_subflow=False,
-        job_variables=job_variables,
-        flow_run_name=f"train-{job_id}",
-        # Where workers own nodes, the run goes to the worker of the node it was placed on.
-        work_queue_name=queue_for_node(deployment, node),
+        job_variables={k: v for k, v in env.items() if k != "pods"},
     )
-    return str(run.id)
+
+
+def launch_placed(
+    cluster: Any, job_id: str, launcher: Launcher, cluster_block: str | None = None
+) -> dict[str, Any]:
+    """Start a job the pass placed with ``launcher``; returns the receipt as a dict.
+
+    The attempt moves to launching first (a compare-and-swap on its attempt: an attempt
+    superseded meanwhile raises JobConflictError and starts nothing). A deployment is
+    asked even when the attempt was already launching, a retry after a lost answer: its
+    idempotency key makes that the same flow run.
+    """
+    order = launch_order(cluster, job_id, cluster_block)
+    first = SchedulerService.for_cluster(cluster).inventory.mark_launching(job_id, order.attempt)
+    if not first and not isinstance(launcher, DeploymentLauncher):
+        return LaunchReceipt(launcher.name, job_id, order.attempt, started=False).to_dict()
+    return launcher.launch(order).to_dict()
 
 
 def queue_rows(cluster: Any) -> list[dict[str, Any]]:
@@ -114,7 +110,9 @@ def queue_rows(cluster: Any) -> list[dict[str, Any]]:
 
 
 schedule_pass_task = task(schedule_pass, name="schedule-pass", cache_policy=NONE)
-launch_deployment_task = task(
-    launch_deployment, name="launch-train", retries=2, retry_delay_seconds=5, cache_policy=NONE
+# Retries are safe: a deployment run is keyed by (job, attempt), an inline one is
+# started by whoever moved the attempt to launching.
+launch_placed_task = task(
+    launch_placed, name="launch-job", retries=2, retry_delay_seconds=5, cache_policy=NONE
 )
 queue_rows_task = task(queue_rows, name="read-queue", cache_policy=NONE)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuflow.hardware.inventory import LeaseLostError
+from gpuflow.tasks.launching import Launcher, LaunchOrder, LaunchReceipt
+from gpuflow.tasks.scheduling.launch import launch_placed
 from gpuflow.tasks.scheduling.service import SchedulerService
 from gpuflow.tasks.scheduling.train_placement import placement_for_train, release_placement
 from prefect import task
@@ -94,9 +96,18 @@ def run_scheduled_job(
     return {"run_id": run_id, "resource_id": res.resource_id, **result.to_dict()}
 
 
-def _run_job(cluster: Any, storage: Any, job_id: str) -> dict[str, Any]:
-    return run_scheduled_job(cluster, storage, job_id)
+class InlineLauncher(Launcher):
+    """A placed job trained to its end inside the calling flow run (run_scheduled_job)."""
+
+    name = "in-process"
+
+    def __init__(self, cluster: Any, storage: Any) -> None:
+        self.cluster, self.storage = cluster, storage
+
+    def launch(self, order: LaunchOrder) -> LaunchReceipt:
+        result = run_scheduled_job(self.cluster, self.storage, order.job_id)
+        return LaunchReceipt(self.name, order.job_id, order.attempt, started=True, result=result)
 
 
 # No retries here: a failed job is reported to the scheduler, which decides what is next.
-run_job_task = task(_run_job, name="run-job", cache_policy=NONE)
+run_placed_task = task(launch_placed, name="run-job", cache_policy=NONE)

@@ -92,3 +92,15 @@ def _sku_or_none(name: str) -> SkuSpec | None:
         return sku(name)
     except InvalidRequestError:
         return None  # a real device of a model the tables do not know: no SKU limits
+
+
+def bind_held_lease(
+    inventory: Inventory, backend: Backend, resource_id: str, owner: str, attempt: int
+) -> Binding | None:
+    """The Binding of a lease already held on ``resource_id`` by (``owner``, ``attempt``)
+    (a placement someone else made); None when that attempt does not hold it."""
+    lease = inventory.lease(resource_id)
+    if lease is None or lease.owner != owner or lease.attempt != attempt:
+        return None
+    res = inventory.resource(resource_id)
+    return Binding(res, lease, _sku_or_none(res.sku), torch_device_for(backend), backend.name)

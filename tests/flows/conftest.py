@@ -1,4 +1,5 @@
-"""Flows run against a real (temporary, local) Prefect server, started once per session."""
+"""Flows run against a real (temporary, local) Prefect server, started once per session
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,5 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_server() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def flows_use_prefect(prefect_server: None) -> Iterator[None]:
+    yield

@@ -165,3 +165,76 @@ def test_migrate_without_launch_record_or_capacity_keeps_the_job_queued(cluster)
     out = migrate_job(cluster, job, ck, None)
     assert out.status == "queued" and "no healthy" in out.detail
     assert inv.job("mig-q").state == "queued"
+
+
+def _placed_scheduled_job(cluster, tmp_path, job_id: str, launcher: str):
+    """A scheduled job, placed by a pass, with a launch record; no runner took it (its
+    process died before it started: remediation finds it silent)."""
+    from gpuflow.tasks.remediation.launch import remember_launch
+    from gpuflow.tasks.scheduling.model import JobRequest
+    from gpuflow.tasks.scheduling.service import SchedulerService
+    from gpuflow.tasks.training.binding import DeviceRequest
+
+    service = SchedulerService.for_cluster(cluster)
+    spec = small_spec(job_id, steps=20, interval=10)
+    service.submit(JobRequest(job_id=job_id, skus=(A100,)), train=spec.model_dump())
+    assert service.schedule_once().placed, "the first pass placed nothing"
+    storage = CheckpointStorage(path=str(tmp_path / "ck"))
+    remember_launch(service.inventory, spec, storage, DeviceRequest(sku=A100), launcher=launcher)
+    record = service.inventory.job(job_id)
+    dev = service.inventory.resource(record.resource_ids[0])
+    (job,), _ = jobs_on_device(
+        service.inventory, service.inventory.device(dev.node, dev.device_index)
+    )
+    return service, job
+
+
+def test_a_job_a_pass_places_during_remediation_is_started_not_ghosted(cluster, tmp_path) -> None:
+    """checkpoint -> reserve -> (a scheduling pass places the queued job) ->
+    migrate: the order the flows run in. Before, migrate said "already resumed" and
+    launched nothing: the job was re-placed forever and never ran."""
+    from gpuflow.tasks.remediation.launch import RUNNER
+    from gpuflow.tasks.remediation.steps import reserve_target
+
+    service, job = _placed_scheduled_job(cluster, tmp_path, "ghost", "in-process")
+    inv = service.inventory
+    policy = RemediationPolicy(checkpoint_timeout_s=0.2, release_grace_s=0.2)
+    ck = checkpoint_job(inv, job, device_present=True, policy=policy, incident_id="inc-g")
+    assert inv.job("ghost").state == "queued"
+    at_risk = inv.resource(job.resource_id)
+    inv.cordon(at_risk.node, at_risk.device_index, "test: isolated")  # as isolate does
+    reservation = reserve_target(inv, cluster.get_backend(), job)
+    assert reservation is not None and reservation.lease.attempt == 2
+
+    report = service.schedule_once()  # the `schedule` deployment's pass, meanwhile
+    (placed,) = report.placed
+    record = inv.job("ghost")
+    assert record.state == "placed" and record.attempt == 2
+    elsewhere = record.resource_ids[0]  # often the reservation itself: it is the job's
+
+    out = migrate_job(cluster, job, ck, reservation)
+    assert out.status == "resumed" and out.resource_id == elsewhere
+    assert out.launcher["started"] is True
+    handle = RUNNER.handle("ghost")
+    assert handle is not None and handle.wait(60), "the job never ran"
+    assert handle.finished and [s.resource_id for s in handle.segments] == [elsewhere]
+    assert inv.job("ghost").state == "finished"
+    assert inv.leases(owner="ghost") == []  # the reservation too, used or not
+
+
+def test_two_launchers_of_one_attempt_start_it_once(cluster, tmp_path) -> None:
+    """The scheduler's launcher and remediation's, racing on one placement: the one that
+    moves the attempt to launching runs it; the other starts nothing."""
+    from gpuflow.tasks.launching import LaunchOrder
+    from gpuflow.tasks.remediation.launch import InProcessLauncher, InProcessRunner
+
+    service, job = _placed_scheduled_job(cluster, tmp_path, "twice", "in-process")
+    record = service.inventory.job("twice")
+    order = LaunchOrder("twice", record.attempt, record.resource_ids[0], "unused")
+    launch = record.info["launch"]
+    runners = InProcessRunner(), InProcessRunner()
+    receipts = [InProcessLauncher(cluster, launch, runner=r).launch(order) for r in runners]
+    assert [r.started for r in receipts] == [True, False]
+    assert runners[1].handle("twice") is None or not runners[1].handle("twice").segments
+    handle = runners[0].handle("twice")
+    assert handle.wait(60) and handle.finished and len(handle.segments) == 1
