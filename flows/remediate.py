@@ -9,6 +9,14 @@ for in-process jobs, ``remediate_on_train_failure`` as a `train` flow hook), or 
 operator (`gpuflow remediate --device NODE:INDEX`). The same event twice changes nothing
 more; a failed step leaves every job checkpointed and queued, and lifts the cordon when
 nothing was moved.
+
+An incident is resumable: its run holds it by a claim renewed on a timer (CLAIM_TTL_S) and
+moves its phase forward step by step (opened, isolated, checkpointing, migrating, closed).
+A run that dies mid-way (killed, its host gone) leaves the incident open with a claim
+that lapses; the `reconcile` flow (flows/reconcile.py, a scheduled deployment) or the same
+event delivered again takes it over and re-runs the steps, which are idempotent, or rolls
+it back once it was abandoned too often. A crash Prefect sees lets the claim go at once
+(``on_crashed``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.health.events import EVENT_NAME
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation import plan
-from gpuflow.tasks.remediation.devices import JobOnDevice, jobs_on_device
+from gpuflow.tasks.remediation.devices import ACTIVE_STATES, JobOnDevice, jobs_on_device
 from gpuflow.tasks.remediation.launch import CrashHandler, crash_is_hardware
 from gpuflow.tasks.remediation.notify import report, resolve_notifier
 from gpuflow.tasks.remediation.steps import (
@@ -31,6 +39,7 @@ from gpuflow.tasks.remediation.steps import (
     checkpoint_job_task,
     device_condition,
     ensure_capacity_task,
+    isolate,
     isolate_task,
     migrate_job_task,
     open_incident,
@@ -38,6 +47,7 @@ from gpuflow.tasks.remediation.steps import (
     reserve_target_task,
     resolve_or_refuse,
     undo_isolation,
+    unused_reservation,
 )
 from gpuflow.tasks.training.binding import Binding
 from prefect import flow, get_run_logger
@@ -91,7 +101,26 @@ def _run_id() -> str:
     return f"remediate-{uuid.uuid4().hex[:12]}"
 
 
-@flow(name="remediate", log_prints=True)
+def _let_go_of_incidents(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_crashed / on_failure: a run that ends abnormally lets go of the incidents it
+    still holds, so the reconciler can finish them without waiting for the claim to lapse."""
+    worker = f"flow-run-{flow_run.id}"
+    try:
+        cluster = load_cluster((flow_run.parameters or {}).get("cluster_block"))
+        ledger = L.Ledger(cluster.get_inventory().url)
+        for incident in ledger.claimed_by(worker):
+            ledger.add(incident.incident_id, L.STEP_FAILED, f"run ended {state.type.value}")
+            ledger.release_claim(incident.incident_id, worker)
+    except Exception:  # noqa: BLE001 - the claim lapses by itself
+        logging.getLogger(__name__).exception("could not let go of %s's incidents", worker)
+
+
+@flow(
+    name="remediate",
+    log_prints=True,
+    on_crashed=[_let_go_of_incidents],
+    on_failure=[_let_go_of_incidents],
+)
 def remediate(
     device: str | None = None,
     reason: str = "",
@@ -105,8 +134,13 @@ def remediate(
     notifier: NotificationBlock | None = None,
     cluster_block: str | None = None,
     cluster: GpuCluster | None = None,
+    take_over: str | None = None,
+    roll_back: bool = False,
 ) -> dict[str, Any]:
-    """Remediate one device: ``device`` "NODE:INDEX" or an event's ``resource_id``."""
+    """Remediate one device: ``device`` "NODE:INDEX" or an event's ``resource_id``.
+
+    ``take_over`` (the reconciler): the id of an open incident of that device whose run is
+    gone; this run finishes it, or with ``roll_back`` undoes what can be undone."""
     logger = _logger()
     signal = plan.read_signal(trigger, reason, risk, payload)
     cluster = cluster or load_cluster(cluster_block)
@@ -119,29 +153,39 @@ def remediate(
 
     ledger = L.Ledger(inventory.url)
     worker = _run_id()
-    incident, duplicate = open_incident(
-        ledger,
-        inventory,
-        record,
-        trigger=signal.trigger,
-        reason=signal.reason,
-        risk=signal.risk,
-        features=signal.features,
-        event_id=event_id,
-        condition=condition,
-        claim_by=worker,
-    )
+    if take_over:
+        incident, duplicate = ledger.incident(take_over), "device"
+        if not ledger.take_over(take_over, worker, f"{signal.trigger}: {signal.reason}"):
+            logger.info("incident %s is held by a live run or closed: nothing to do", take_over)
+            return result | {"incident_id": take_over, "status": incident.status, "busy": True}
+    else:
+        incident, duplicate = open_incident(
+            ledger,
+            inventory,
+            record,
+            trigger=signal.trigger,
+            reason=signal.reason,
+            risk=signal.risk,
+            features=signal.features,
+            event_id=event_id,
+            condition=condition,
+            claim_by=worker,
+        )
     iid = incident.incident_id
     result.update(incident_id=iid, duplicate=duplicate)
     if duplicate == "event":
-        logger.info(
-            "event %s was handled by incident %s (%s): nothing to do",
-            event_id,
-            iid,
-            incident.status,
-        )
-        return result | {"status": incident.status}
-    if duplicate == "device":
+        detail = f"event {event_id} delivered again"
+        if incident.status != "open" or not ledger.take_over(iid, worker, detail):
+            logger.info(
+                "event %s was handled by incident %s (%s): nothing to do",
+                event_id,
+                iid,
+                incident.status,
+            )
+            return result | {"status": incident.status}
+        logger.info("event %s: incident %s was left open by a run that is gone: finishing it")
+        duplicate = "device"
+    elif duplicate == "device" and not take_over:
         if not ledger.claim(iid, worker):
             logger.info(
                 "%s: incident %s is being handled by another run: nothing to do",
@@ -164,10 +208,15 @@ def remediate(
         channel,
         logger,
         result,
-        plan.Situation.of(incident, duplicate, signal, condition),
+        plan.Situation.of(ledger.incident(iid), duplicate, signal, condition),
     )
+    # The claim lives while this run does: renewed every CLAIM_TTL_S / 3, whatever a step
+    # waits for; a run whose claim another run took stops before its next move.
+    keeper = L.claim_keeper(ledger, iid, worker)
     try:
-        return _move_jobs_off(run)
+        with keeper:
+            run.keeper = keeper
+            return _abandon(run) if roll_back else _move_jobs_off(run)
     finally:
         ledger.release_claim(iid, worker)
 
@@ -185,6 +234,7 @@ class _Run:
     logger: Logger
     result: dict[str, Any]
     situation: plan.Situation
+    keeper: L.ClaimKeeper | None = None
 
     def note(self, entries: list[plan.Entry]) -> bool:
         """Write entries to the incident's timeline; True if there were any."""
@@ -201,6 +251,7 @@ def _move_jobs_off(run: _Run) -> dict[str, Any]:
         run.inventory, run.device, run.policy, s.incident_id, s.isolation_reason()
     )
     result["isolation"] = isolation
+    run.ledger.set_phase(s.incident_id, L.ISOLATED)
     changed = run.note(s.cordon_entries(isolation))
     jobs, others = jobs_on_device(run.inventory, run.device)
     result["unmanaged"] = sorted({lease.owner for lease in others})
@@ -218,6 +269,7 @@ def _move_jobs_off(run: _Run) -> dict[str, Any]:
         j.job_id: reserve_target_task(run.cluster.get_inventory(), backend, j) for j in jobs
     }
     moved: list[str] = []
+    run.ledger.set_phase(s.incident_id, L.CHECKPOINTING)
     try:
         pending = {}
         for job in jobs:  # every job is asked first: they checkpoint in parallel
@@ -236,6 +288,9 @@ def _move_jobs_off(run: _Run) -> dict[str, Any]:
             step = plan.after_checkpoint(job, ck)
             run.note(step.entries)
             if step.migrate:
+                if run.keeper is not None:
+                    run.keeper.check()  # still ours, or stop before moving anything more
+                run.ledger.set_phase(s.incident_id, L.MIGRATING)
                 moved.append(job.job_id)
                 mig = migrate_job_task(run.cluster, job, ck, reservations[job.job_id], on_job_crash)
                 reservations.pop(job.job_id)  # used or given back by migrate itself
@@ -244,6 +299,8 @@ def _move_jobs_off(run: _Run) -> dict[str, Any]:
             run.ledger.set_job(s.incident_id, job.job_id, **step.outcome)
             result["jobs"][job.job_id] = step.outcome
             changed = True
+    except L.ClaimLostError:
+        raise  # another run took the incident over: its work is not ours to undo
     except Exception as exc:
         _roll_back(run, jobs, reservations, isolation, moved, exc)
         raise
@@ -281,6 +338,20 @@ def _roll_back(
     run.ledger.set_status(s.incident_id, "failed")
     result.update(status="failed", error=plan.error_text(exc))
     report(run.channel, result, run.ledger, s.incident_id, run.logger)
+
+
+def _abandon(run: _Run) -> dict[str, Any]:
+    """Roll back an incident whose runs kept dying: give back reservations no attempt
+    uses, keep every job findable, lift the cordon if nothing was moved, close it failed."""
+    s, result = run.situation, run.result
+    isolation = isolate(run.inventory, run.device, run.policy, s.incident_id, s.isolation_reason())
+    jobs, _ = jobs_on_device(run.inventory, run.device)
+    backend = run.cluster.get_backend()
+    reservations = {j.job_id: unused_reservation(run.inventory, backend, j) for j in jobs}
+    moved = [j.job_id for j in jobs if j.state not in ACTIVE_STATES]
+    why = f"abandoned by {run.ledger.incident(s.incident_id).takeovers} run(s)"
+    _roll_back(run, jobs, reservations, isolation, moved, RuntimeError(why))
+    return result
 
 
 def _mark(inventory: Inventory, job_id: str, device_uuid: str, incident_id: str) -> None:

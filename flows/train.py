@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.cluster import load_cluster
+from gpuflow.tasks.launching import DeploymentLauncher
 from gpuflow.tasks.remediation.launch import remember_launch
 from gpuflow.tasks.scheduling.train_placement import (
     placement_for_train_task,
@@ -72,7 +73,12 @@ def train(
         )
         # How to relaunch this job elsewhere if its device fails (remediation reads it).
         remember_launch(
-            cluster.get_inventory(), spec, storage, device, launcher="deployment", run_id=run_id
+            cluster.get_inventory(),
+            spec,
+            storage,
+            device,
+            launcher=DeploymentLauncher.name,
+            run_id=run_id,
         )
         tag_placement_task(run_id, binding)
         ok, stopped = False, False

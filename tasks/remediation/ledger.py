@@ -9,14 +9,17 @@ story the operators get (risk seen -> cordoned -> checkpoint written -> job resu
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
-from gpuflow.hardware.inventory import DeviceRecord
+from gpuflow.hardware.inventory import DeviceRecord, LeaseLostError
 from gpuflow.hardware.inventory.engine import create_tables, default_url, make_engine, run_write
+from gpuflow.hardware.inventory.keeper import LeaseKeeper
 from sqlalchemy import (
     JSON,
     Column,
@@ -28,7 +31,9 @@ from sqlalchemy import (
     Table,
     Text,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -40,6 +45,38 @@ TRIGGERS = ("predicted", "reactive", "manual")
 # rolled back; rejected: bad input (unknown device...), nothing changed.
 STATUSES = ("open", "waiting", "done", "failed", "rejected")
 ACTIVE_STATUSES = ("open", "waiting")
+
+# Where an open incident's run is: each step moves it forward, so a run that takes over an
+# abandoned incident (the reconciler, a redelivered event) knows how far the dead one got.
+# Every step is idempotent; the phase decides between finishing and rolling back.
+OPENED, ISOLATED, CHECKPOINTING, MIGRATING, CLOSED = (
+    "opened",
+    "isolated",
+    "checkpointing",
+    "migrating",
+    "closed",
+)
+PHASES = (OPENED, ISOLATED, CHECKPOINTING, MIGRATING, CLOSED)
+
+# A run holds its incident by a claim renewed every TTL / 3 (a LeaseKeeper over
+# ``ClaimRenewer``): a run that dies lets go within the TTL, not after a fixed 15 min.
+CLAIM_TTL_S = 60.0
+CLAIM_TTL_ENV = "GPUFLOW_INCIDENT_CLAIM_TTL_S"
+
+
+def incident_claim_ttl_s() -> float:
+    """The claim TTL: CLAIM_TTL_S, or GPUFLOW_INCIDENT_CLAIM_TTL_S where set."""
+    raw = os.environ.get(CLAIM_TTL_ENV)
+    if raw is None:
+        return CLAIM_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = 0.0
+    if not 0.5 <= ttl <= 3600:
+        raise InvalidRequestError(f"{CLAIM_TTL_ENV}={raw!r}: a number of seconds in [0.5, 3600]")
+    return ttl
+
 
 # Timeline vocabulary (what the operators read).
 RISK_SEEN = "risk seen"
@@ -53,6 +90,7 @@ CHECKPOINT_FALLBACK = "fell back to periodic checkpoint"
 CHECKPOINT_IN_PLACE = "checkpoint taken in place"
 JOB_RESUMED = "job resumed"
 JOB_QUEUED = "job queued"
+TAKEN_OVER = "taken over"
 CORDON_UNDONE = "cordon undone"
 DUPLICATE = "duplicate signal"
 NOTIFIED = "operators notified"
@@ -81,6 +119,13 @@ incidents = Table(
     # signals for one device never run the steps side by side.
     Column("claimed_by", String(255), nullable=True),
     Column("claimed_until", Float, nullable=True),
+    Column("phase", String(16), nullable=False, server_default=OPENED),
+    Column("takeovers", Integer, nullable=False, server_default="0"),
+)
+# Ledgers written before phases existed get the two columns (each added if missing).
+_ADDED_COLUMNS = (
+    ("phase", f"VARCHAR(16) NOT NULL DEFAULT '{OPENED}'"),
+    ("takeovers", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 signals = Table(
@@ -108,6 +153,10 @@ class Incident:
     jobs: dict[str, dict[str, Any]]
     created_at_s: float
     updated_at_s: float
+    phase: str = OPENED
+    claimed_by: str | None = None
+    claimed_until_s: float | None = None
+    takeovers: int = 0
 
     @property
     def device(self) -> str:
@@ -135,6 +184,10 @@ def _record(row: Any) -> Incident:
         jobs={k: dict(v) for k, v in (row.jobs or {}).items()},
         created_at_s=row.created_at,
         updated_at_s=row.updated_at,
+        phase=row.phase,
+        claimed_by=row.claimed_by,
+        claimed_until_s=row.claimed_until,
+        takeovers=row.takeovers,
     )
 
 
@@ -147,10 +200,11 @@ def _check_choice(value: object, valid: tuple[str, ...], what: str) -> str:
 class Ledger:
     """The remediation ledger over a SQLAlchemy URL (default: the inventory's SQLite)."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, clock: Any = time.time) -> None:
         self.url = url if url is not None else default_url()
         self._engine = make_engine(self.url)
-        create_tables(self._engine, metadata)
+        self._clock = clock  # claims expire by it (a test moves it forward)
+        create_tables(self._engine, metadata, then=_add_missing_columns)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -177,7 +231,7 @@ class Ledger:
         event_id: str | None = None,
         first_entry: tuple[str, str] | None = None,
         claim_by: str | None = None,
-        claim_ttl_s: float = 900.0,
+        claim_ttl_s: float | None = None,
     ) -> tuple[Incident, str | None]:
         """(incident, duplicate): a new incident, or the one that already covers the signal.
 
@@ -186,7 +240,8 @@ class Ledger:
         active incident (the signal joins it; its steps re-run idempotently).
         """
         _check_choice(trigger, TRIGGERS, "remediation trigger")
-        now = time.time()
+        now = self._clock()
+        ttl_s = claim_ttl_s or incident_claim_ttl_s()
 
         def work(conn: Connection) -> tuple[Incident, str | None]:
             if event_id:
@@ -233,7 +288,7 @@ class Ledger:
                         created_at=now,
                         updated_at=now,
                         claimed_by=claim_by,
-                        claimed_until=now + claim_ttl_s if claim_by else None,
+                        claimed_until=now + ttl_s if claim_by else None,
                     )
                 )
             if event_id:
@@ -282,23 +337,35 @@ class Ledger:
             ).first()
             return None if seen is None else _record(self._row(conn, seen.incident_id))
 
-    def claim(self, incident_id: str, owner: str, ttl_s: float = 900.0) -> bool:
+    def claim(self, incident_id: str, owner: str, ttl_s: float | None = None) -> bool:
         """Take the incident for ``owner`` (a flow run) unless another live claim holds it;
         the same owner claiming again extends its claim."""
-        now = time.time()
+        return self._claim(incident_id, owner, ttl_s or incident_claim_ttl_s(), takeover=False)
+
+    def take_over(self, incident_id: str, owner: str, detail: str) -> bool:
+        """Claim an open incident whose run is gone (its claim lapsed or was let go), count
+        the takeover and note it on the timeline; False when a live run holds it or it is
+        no longer open."""
+        if not self._claim(incident_id, owner, incident_claim_ttl_s(), takeover=True):
+            return False
+        self.add(incident_id, TAKEN_OVER, detail)
+        return True
+
+    def _claim(self, incident_id: str, owner: str, ttl_s: float, *, takeover: bool) -> bool:
+        now = self._clock()
         c = incidents.c
 
         def work(conn: Connection) -> bool:
-            self._row(conn, incident_id)
-            result = conn.execute(
-                update(incidents)
-                .where(
-                    c.id == incident_id,
-                    (c.claimed_by.is_(None)) | (c.claimed_until < now) | (c.claimed_by == owner),
-                )
-                .values(claimed_by=owner, claimed_until=now + ttl_s)
-            )
-            return result.rowcount == 1
+            row = self._row(conn, incident_id)
+            free = (c.claimed_by.is_(None)) | (c.claimed_until < now)
+            query = update(incidents).where(c.id == incident_id)
+            values: dict[str, Any] = {"claimed_by": owner, "claimed_until": now + ttl_s}
+            if takeover:
+                query = query.where(free, c.status == "open")
+                values["takeovers"] = row.takeovers + 1
+            else:
+                query = query.where(free | (c.claimed_by == owner))
+            return conn.execute(query.values(**values)).rowcount == 1
 
         return self._write(work)
 
@@ -311,6 +378,40 @@ class Ledger:
                 .values(claimed_by=None, claimed_until=None)
             )
         )
+
+    def claimed_by(self, owner: str) -> list[Incident]:
+        """The incidents ``owner`` holds now (a crash hook lets them go)."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(incidents).where(incidents.c.claimed_by == owner))
+            return [_record(r) for r in rows]
+
+    def abandoned(self) -> list[Incident]:
+        """Open incidents no live run holds: their run crashed or was killed mid-way."""
+        c = incidents.c
+        now = self._clock()
+        query = (
+            select(incidents)
+            .where(c.status == "open", (c.claimed_by.is_(None)) | (c.claimed_until < now))
+            .order_by(c.created_at)
+        )
+        with self._engine.connect() as conn:
+            return [_record(r) for r in conn.execute(query)]
+
+    def set_phase(self, incident_id: str, phase: str) -> Incident:
+        """Move the incident's run forward to ``phase`` (never back)."""
+        _check_choice(phase, PHASES, "incident phase")
+
+        def work(conn: Connection) -> Incident:
+            row = self._row(conn, incident_id)
+            if PHASES.index(phase) > PHASES.index(row.phase):
+                conn.execute(
+                    update(incidents)
+                    .where(incidents.c.id == incident_id)
+                    .values(phase=phase, updated_at=self._clock())
+                )
+            return _record(self._row(conn, incident_id))
+
+        return self._write(work)
 
     # -- recording ---------------------------------------------------------------------
     def add(
@@ -355,12 +456,15 @@ class Ledger:
     def set_status(self, incident_id: str, status: str) -> Incident:
         _check_choice(status, STATUSES, "incident status")
 
+        # Any status but "open" ends the run's work on it.
+        phase = {} if status == "open" else {"phase": CLOSED}
+
         def work(conn: Connection) -> Incident:
             self._row(conn, incident_id)
             conn.execute(
                 update(incidents)
                 .where(incidents.c.id == incident_id)
-                .values(status=status, updated_at=time.time())
+                .values(status=status, updated_at=time.time(), **phase)
             )
             return _record(self._row(conn, incident_id))
 
@@ -378,6 +482,36 @@ class Ledger:
             query = query.where(incidents.c.device_uuid == device_uuid)
         with self._engine.connect() as conn:
             return [_record(r) for r in conn.execute(query)]
+
+
+class ClaimRenewer:
+    """The ledger as a LeaseKeeper's renewer: a run's claims on its incidents are its
+    "leases", renewed on the keeper's timer; a claim another run took counts as lost."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def renew_leases(
+        self, owner: str, attempt: int, resource_ids: Sequence[str], ttl_s: float
+    ) -> int:
+        return sum(self.ledger.claim(iid, owner, ttl_s) for iid in resource_ids)
+
+
+ClaimKeeper = LeaseKeeper
+# What ClaimKeeper.check() raises once another run took the incident over.
+ClaimLostError = LeaseLostError
+
+
+def claim_keeper(ledger: Ledger, incident_id: str, owner: str) -> ClaimKeeper:
+    """Keeps ``owner``'s claim on the incident alive while its run works (a context)."""
+    return LeaseKeeper(ClaimRenewer(ledger), owner, 0, [incident_id], incident_claim_ttl_s())
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    present = {col["name"] for col in inspect(conn).get_columns(incidents.name)}
+    for name, ddl in _ADDED_COLUMNS:
+        if name not in present:
+            conn.execute(text(f"ALTER TABLE {incidents.name} ADD COLUMN {name} {ddl}"))
 
 
 def _entry(

@@ -237,10 +237,17 @@ def target_request(job: JobOnDevice) -> DeviceRequest:
 def reserve_target(
     inventory: Inventory, backend: Backend, job: JobOnDevice, ttl_s: float = 600.0
 ) -> Binding | None:
-    """Lease a healthy resource of the job's SKU to the job; None when there is none."""
+    """Lease a healthy resource of the job's SKU to the job; None when there is none. A
+    reservation an earlier run (one that died) left for the same attempt is used again."""
     try:
         # For the job's next attempt: the relaunch places it there (lifecycle place_job).
         attempt = inventory.job(job.job_id).attempt + 1
+        left = unused_reservation(inventory, backend, job)
+        if left is not None:
+            res = left.resource
+            if not inventory.is_cordoned(res.node, res.device_index):
+                return left
+            inventory.release_lease(res.resource_id, job.job_id)
         return lease_device(
             inventory, backend, target_request(job), owner=job.job_id, ttl_s=ttl_s, attempt=attempt
         )
@@ -320,6 +327,16 @@ def checkpoint_job(
     started = time.monotonic()
     outcome = CheckpointOutcome(job.job_id, action, "none", None, None, 0.0)
     request_id: int | None = None
+    marker = {
+        "device_uuid": _device_uuid_of(inventory, job),
+        "incident": incident_id,
+        "cause": "remediation",
+    }
+    if job.holds_lease and action != CHECKPOINT_NOW:
+        # Marked first: should this run die while the job stops, whoever takes the incident
+        # over still finds the stopped job as this device's to move (devices.jobs_on_device).
+        current = inventory.job(job.job_id)
+        inventory.transition_job(job.job_id, expect_attempt=current.attempt, remediation=marker)
     if job.holds_lease:
         timeout = policy.checkpoint_timeout_s if device_present else policy.lost_device_grace_s
         request_id = inventory.request_control(job.job_id, action)
@@ -364,12 +381,7 @@ def checkpoint_job(
         job.job_id,
         "stopped" if outcome.how == "on-request" else "lost",  # it answered, or it is gone
         last_checkpoint_id=outcome.checkpoint_id,
-        remediation={
-            "device_uuid": _device_uuid_of(inventory, job),
-            "incident": incident_id,
-            "cause": "remediation",
-            "checkpoint": outcome.checkpoint_id,
-        },
+        remediation={**marker, "checkpoint": outcome.checkpoint_id},
     )
     outcome.waited_s = time.monotonic() - started
     return outcome
@@ -455,6 +467,15 @@ def migrate_job(
     out.status = "resumed"
     out.target, out.resource_id = f"{res.node}:{res.device_index}", res.resource_id
     return out
+
+
+def unused_reservation(inventory: Inventory, backend: Backend, job: JobOnDevice) -> Binding | None:
+    """A lease the job holds for an attempt it has not started (a reservation), if any."""
+    attempt = inventory.job(job.job_id).attempt
+    for lease in inventory.leases(owner=job.job_id):
+        if lease.attempt > attempt and lease.resource_id != job.resource_id:
+            return bind_held_lease(inventory, backend, lease.resource_id, job.job_id, lease.attempt)
+    return None
 
 
 def release_reservation(inventory: Inventory, job_id: str, binding: Binding | None) -> None:
