@@ -23,14 +23,10 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from gpuflow.hardware.skus import SkuSpec
-from gpuflow.tasks.training.checkpoint import (
-    CheckpointManager,
-    capture_rng_state,
-    model_fingerprint,
-    restore_rng_state,
-)
+from gpuflow.tasks.training.checkpoint import CheckpointManager, model_fingerprint
 from gpuflow.tasks.training.data import build_dataset, eval_batches, make_sampler
 from gpuflow.tasks.training.models import build_model, lm_loss, model_spec
+from gpuflow.tasks.training.parallel import SINGLE, Parallel
 from gpuflow.tasks.training.precision import AutoPrecision, Switch, validate_policy
 from gpuflow.tasks.training.spec import TrainSpec
 from gpuflow.tasks.training.storage import CheckpointStore
@@ -136,26 +132,6 @@ def build_workload(spec: TrainSpec, device: torch.device, sku: SkuSpec | None = 
     )
 
 
-def _state(w: Workload, step: int) -> dict[str, Any]:
-    return {
-        "model": w.model.state_dict(),
-        "optimizer": w.optimizer.state_dict(),
-        "precision": w.precision.state_dict(),
-        "sampler": w.sampler.state_dict(),
-        "rng": capture_rng_state(),
-        "progress": {"step": step},
-    }
-
-
-def _restore(w: Workload, state: dict[str, Any]) -> int:
-    w.model.load_state_dict(state["model"])
-    w.optimizer.load_state_dict(state["optimizer"])
-    w.precision.load_state_dict(state["precision"])
-    w.sampler.load_state_dict(state["sampler"])
-    restore_rng_state(state["rng"])
-    return int(state["progress"]["step"])
-
-
 def evaluate(w: Workload, device: torch.device) -> float:
     """Mean loss on the fixed eval set, in fp32 so policies are compared on equal terms."""
     w.model.eval()
@@ -180,44 +156,48 @@ def train_loop(
     on_checkpoint: Callable[[str, int], None] | None = None,
     guard: Callable[[], None] | None = None,
     fencing_token: int | None = None,
+    parallel: Parallel = SINGLE,
 ) -> TrainResult:
     """Train ``spec`` from its latest checkpoint (or from scratch) up to ``spec.steps``.
 
     ``guard`` runs before every step and every checkpoint; it raises (LeaseLostError) to
     stop a run that may no longer write. ``fencing_token`` goes into every checkpoint's
     manifest; the store refuses a save older than its newest (a stale attempt).
+    ``parallel``: one process (the default) or this rank's view of a gang
+    (tasks/training/distributed/): hooks, the control channel and ``on_checkpoint`` are
+    rank 0's alone; every rank acts on rank 0's decisions.
     """
     started = time.perf_counter()
     device = torch.device(device)
     w = build_workload(spec, device, sku)
-    ckpt = CheckpointManager(
+    ckpt = parallel.checkpointer(
         store,
         spec.job_id,
         keep_last=spec.keep_last,
         expected_model=w.fingerprint,
         fencing_token=fencing_token,
+        on_commit=on_checkpoint if parallel.primary else None,
     )
     check = guard or (lambda: None)
     meta = {"model_name": spec.model, "model_fingerprint": w.fingerprint, "spec": spec.model_dump()}
 
     # Resume: the newest checkpoint that verifies (corrupt ones are skipped inside).
     step = 0
-    loaded = ckpt.latest(expected_model=w.fingerprint)
-    if loaded is not None:
-        step = _restore(w, loaded.state)
-        log.info("job %s resumes from %s (step %d)", spec.job_id, loaded.checkpoint_id, step)
+    restored = ckpt.restore(w)
+    if restored is not None:
+        step = restored[1]
+        log.info("job %s resumes from %s (step %d)", spec.job_id, restored[0], step)
     resumed_from = step
-    if loaded is None:
+    if restored is None:
         torch.manual_seed(spec.seed)  # the data order is seeded in the sampler already
+    net = parallel.wrap(w.model)  # after the restore: every rank starts from the same bits
 
     checkpoints: list[str] = []
 
-    def save(at_step: int) -> str:
+    def save(at_step: int, blocking: bool = True) -> str:
         check()
-        cid = ckpt.save(_state(w, at_step), at_step, meta)
+        cid = ckpt.save(w, at_step, meta, blocking=blocking)
         checkpoints.append(cid)
-        if on_checkpoint:
-            on_checkpoint(cid, at_step)
         return cid
 
     stopped = False
@@ -228,17 +208,17 @@ def train_loop(
     while step < spec.steps:
         check()
         t_wall = time.perf_counter()
-        x, y = next(w.sampler)
+        x, y = parallel.shard(*next(w.sampler))
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
         t_busy = time.perf_counter()
         with w.precision.autocast():
-            loss = w.loss_fn(w.model(x), y)
+            loss = w.loss_fn(net(x), y)
         w.optimizer.zero_grad(set_to_none=True)
         w.precision.scale(loss).backward()
         w.precision.step(w.optimizer)
         overflowed = w.precision.update()
-        loss_value = float(loss.detach())
+        loss_value = parallel.mean(float(loss.detach()))  # the global batch's loss
         busy_s = time.perf_counter() - t_busy
         train_time_s += busy_s
         step += 1
@@ -246,6 +226,9 @@ def train_loop(
         util = (
             utilization.observe_step(busy_s, time.perf_counter() - t_wall) if utilization else None
         )
+        # Every rank acts on rank 0's readings, so the precision policy switches at the
+        # same step everywhere (the loss is the global batch's already).
+        util = parallel.agree(util)
         switch = w.precision.observe(step, util, loss_value, overflowed)
         info = StepInfo(
             step=step,
@@ -259,22 +242,26 @@ def train_loop(
             utilization_ratio=util,
             switch=switch,
         )
-        for hook in hooks:
+        for hook in hooks if parallel.primary else ():
             hook(info)
 
-        # The control channel: remediation and preemption ask for a checkpoint here.
-        request = control.poll_control(spec.job_id) if control else None
+        # The control channel: remediation and preemption ask for a checkpoint here. Rank
+        # 0 polls it; every rank checkpoints (and stops) on what rank 0 read.
+        request = control.poll_control(spec.job_id) if control and parallel.primary else None
+        request = parallel.agree(request)
         if request is not None:
             cid = save(step)
-            control.ack_control(request.request_id, cid)  # type: ignore[union-attr]
+            if parallel.primary:
+                control.ack_control(request.request_id, cid)  # type: ignore[union-attr]
             log.info("job %s: %s acknowledged with %s", spec.job_id, request.action, cid)
             if request.action == CHECKPOINT_AND_STOP:
                 stopped = True
                 break
             continue
         if step % spec.checkpoint_interval == 0 or step == spec.steps:
-            save(step)
+            save(step, blocking=step == spec.steps)
 
+    ckpt.flush()  # an async save still in flight commits before the result says it did
     eval_loss = None if stopped else evaluate(w, device)
     return TrainResult(
         job_id=spec.job_id,
@@ -288,9 +275,7 @@ def train_loop(
         train_time_s=train_time_s,
         switches=list(w.precision.switches),
         checkpoints=checkpoints,
-        last_checkpoint=checkpoints[-1]
-        if checkpoints
-        else (loaded.checkpoint_id if loaded else None),
+        last_checkpoint=checkpoints[-1] if checkpoints else (restored[0] if restored else None),
     )
 
 

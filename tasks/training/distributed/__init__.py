@@ -1,0 +1,1 @@
+"""A gang of leased units trained as N ranks on torch.distributed (docs/distributed.md)."""
