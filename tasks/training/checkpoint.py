@@ -22,16 +22,15 @@ import hashlib
 import io
 import json
 import logging
-import random
 import re
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.training.storage import (
@@ -46,6 +45,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
+# What the files are: one torch.save per state key, or a torch.distributed.checkpoint folder.
+LAYOUT_TORCH, LAYOUT_DCP = "torch", "dcp"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _CHECKPOINT_ID = re.compile(r"^step-(\d{9,})$")
 # Chunks at least this big are hashed on a helper thread while the caller writes them:
@@ -292,6 +293,77 @@ class CheckpointManager:
                 "size_bytes": writer.size_bytes,
             }
 
+        return self._commit(checkpoint_id, step, files, meta, fingerprint, LAYOUT_TORCH)
+
+    def commit_files(
+        self, step: int, paths: dict[str, Path], meta: dict[str, Any] | None = None
+    ) -> str:
+        """Commit files someone else wrote (a torch.distributed.checkpoint folder) as
+        checkpoint ``step``: each is uploaded under a nonce and hashed, then the manifest
+        (layout "dcp") is written last, exactly as ``save`` commits. ``paths`` maps the
+        name a file must have when fetched back (``.metadata``, ``__0_0.distcp``...) to
+        where it is now."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        if not paths:
+            raise ValueError("commit_files needs at least one file")
+        meta = _json_ready(meta or {})
+        fingerprint = meta.get("model_fingerprint", self.expected_model)
+        self._refuse_other_model(fingerprint)
+        self._refuse_stale_token()
+        checkpoint_id = checkpoint_id_for(step)
+        nonce = secrets.token_hex(4)
+        files: dict[str, dict[str, Any]] = {}
+        for index, (name, path) in enumerate(sorted(paths.items())):
+            file_name = f"part{index:04d}.{nonce}.bin"
+            digest, size = _sha256_of(path)
+            self.store.put_file(self._key(checkpoint_id, file_name), path)
+            files[name] = {"file": file_name, "sha256": digest, "size_bytes": size}
+        return self._commit(checkpoint_id, step, files, meta, fingerprint, LAYOUT_DCP)
+
+    def fetch(self, checkpoint_id: str, dest: Path) -> dict[str, Any]:
+        """Download a committed checkpoint's files into ``dest`` under their names,
+        verifying each against the manifest; returns the manifest."""
+        manifest = self._read_manifest_or_none(checkpoint_id)
+        if manifest is None:
+            raise CheckpointNotFoundError(
+                f"job {self.job_id!r} has no checkpoint {checkpoint_id!r}"
+            )
+        where = f"{self.job_id}/{checkpoint_id}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, entry in (manifest.get("files") or {}).items():
+            if "/" in name or name in ("", ".", ".."):
+                raise CheckpointCorruptError(f"manifest of {where} names a file {name!r}")
+            target = dest / name
+            try:
+                self.store.get_file(self._key(checkpoint_id, str(entry["file"])), target)
+            except ObjectNotFoundError:
+                raise CheckpointCorruptError(f"{where}: file {entry['file']} is missing") from None
+            digest, size = _sha256_of(target)
+            if size != entry["size_bytes"] or digest != entry["sha256"]:
+                raise CheckpointCorruptError(
+                    f"{where}: file {entry['file']} does not match its manifest entry"
+                )
+        return manifest
+
+    def committed(self) -> list[tuple[str, dict[str, Any]]]:
+        """(checkpoint id, manifest) of every committed checkpoint, newest first."""
+        out = []
+        for cid, done in reversed(self._checkpoint_ids().items()):
+            manifest = self._read_manifest_or_none(cid) if done else None
+            if manifest:
+                out.append((cid, manifest))
+        return out
+
+    def _commit(
+        self,
+        checkpoint_id: str,
+        step: int,
+        files: dict[str, dict[str, Any]],
+        meta: dict[str, Any],
+        fingerprint: str | None,
+        layout: str,
+    ) -> str:
         manifest_key = self._key(checkpoint_id, MANIFEST_NAME)
         replaced = self._read_manifest_or_none(checkpoint_id)
         manifest = {
@@ -305,6 +377,7 @@ class CheckpointManager:
             "meta": meta,
             "files": files,
             "fencing_token": self.fencing_token,
+            "layout": layout,
         }
         # Again just before the commit: a newer attempt may have committed meanwhile.
         self._refuse_stale_token()
@@ -484,6 +557,11 @@ class CheckpointManager:
         ):
             raise CheckpointCorruptError(f"manifest of {where} is malformed or belongs elsewhere")
 
+        if manifest.get("layout", LAYOUT_TORCH) != LAYOUT_TORCH:
+            raise CheckpointError(
+                f"checkpoint {where} was written by a gang (torch.distributed.checkpoint): "
+                "resume the job as a gang (`gpuflow train --gpus N`, any N)"
+            )
         expected = expected_model if expected_model is not None else self.expected_model
         theirs = manifest.get("model_fingerprint")
         if expected is not None and theirs != expected:
@@ -527,69 +605,20 @@ class CheckpointManager:
         )
 
 
+def _sha256_of(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
 def _step_of(checkpoint_id: str) -> int:
     match = _CHECKPOINT_ID.match(checkpoint_id)
     if not match:
         raise ValueError(f"not a checkpoint id: {checkpoint_id!r}")
     return int(match.group(1))
-
-
-# -- RNG state ------------------------------------------------------------------------------
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """Every global RNG (python, numpy, torch CPU, torch CUDA) in torch.load-safe types."""
-    bit_generator, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": str(bit_generator),
-            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
-        "torch": torch.get_rng_state(),
-        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Put back what ``capture_rng_state`` returned; raises before changing anything if
-    the dict is incomplete."""
-    missing = {"python", "numpy", "torch"} - set(state)
-    if missing:
-        raise ValueError(f"RNG state lacks {sorted(missing)}")
-    numpy_state = state["numpy"]
-    np_tuple = (
-        numpy_state["bit_generator"],
-        np.asarray(torch.as_tensor(numpy_state["key"]).numpy(), dtype=np.uint32),
-        int(numpy_state["pos"]),
-        int(numpy_state["has_gauss"]),
-        float(numpy_state["cached_gaussian"]),
-    )
-    python_state = state["python"]
-    if isinstance(python_state, list):  # JSON or other round trips turn tuples into lists
-        python_state = (python_state[0], tuple(python_state[1]), python_state[2])
-    random.setstate(python_state)
-    np.random.set_state(np_tuple)
-    torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
-    cuda_states = state.get("torch_cuda") or []
-    if cuda_states and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        if len(cuda_states) != count:
-            log.warning(
-                "checkpoint has CUDA RNG state for %d devices, this process sees %d; "
-                "restoring the first %d (resume is not bit-exact across device counts)",
-                len(cuda_states),
-                count,
-                min(count, len(cuda_states)),
-            )
-        for index, cuda_state in enumerate(cuda_states[:count]):
-            torch.cuda.set_rng_state(torch.as_tensor(cuda_state, dtype=torch.uint8).cpu(), index)
-    elif cuda_states:
-        log.warning("checkpoint has CUDA RNG state but CUDA is not available; not restored")
 
 
 def checkpoint_manager(

@@ -18,12 +18,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from gpuflow.hardware.skus import SkuSpec
-from gpuflow.tasks.training.checkpoint import CheckpointManager, model_fingerprint
+from gpuflow.tasks.training.checkpoint import LAYOUT_DCP, CheckpointManager, model_fingerprint
 from gpuflow.tasks.training.data import build_dataset, eval_batches, make_sampler
 from gpuflow.tasks.training.models import build_model, lm_loss, model_spec
 from gpuflow.tasks.training.parallel import SINGLE, Parallel
@@ -282,9 +283,21 @@ def train_loop(
 def trained_model(
     spec: TrainSpec, store: CheckpointStore, device: torch.device | str = "cpu"
 ) -> torch.nn.Module:
-    """The model of ``spec`` with the weights of its latest checkpoint."""
+    """The model of ``spec`` with the weights of its latest checkpoint (one process's or a
+    gang's)."""
     model = build_model(spec.model, seed=spec.seed).to(device)
     ckpt = CheckpointManager(store, spec.job_id, keep_last=spec.keep_last)
+    committed = ckpt.committed()
+    if not committed:
+        raise FileNotFoundError(f"job {spec.job_id!r} has no checkpoint in {store!r}")
+    if committed[0][1].get("layout") == LAYOUT_DCP:
+        import tempfile
+
+        from gpuflow.tasks.training.distributed.checkpoint import load_model_weights
+
+        with tempfile.TemporaryDirectory(prefix="gpuflow-weights-") as scratch:
+            load_model_weights(ckpt, model, Path(scratch))
+        return model
     loaded = ckpt.latest(expected_model=model_fingerprint(model))
     if loaded is None:
         raise FileNotFoundError(f"job {spec.job_id!r} has no checkpoint in {store!r}")

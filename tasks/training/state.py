@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpuflow.tasks.training.checkpoint import capture_rng_state, restore_rng_state
+from gpuflow.tasks.training.rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from gpuflow.tasks.training.loop import Workload

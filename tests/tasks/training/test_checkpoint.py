@@ -19,11 +19,10 @@ from gpuflow.tasks.training.checkpoint import (
     CheckpointNotFoundError,
     ModelMismatchError,
     StaleTokenError,
-    capture_rng_state,
     checkpoint_id_for,
     model_fingerprint,
-    restore_rng_state,
 )
+from gpuflow.tasks.training.rng import capture_rng_state, restore_rng_state
 from gpuflow.tasks.training.storage import LocalStorage, S3Storage
 
 from gpuflow.bench.checkpoint_bench import measure_checkpoint_throughput

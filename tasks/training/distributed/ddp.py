@@ -1,0 +1,78 @@
+"""DataParallel: this rank's view of a gang training with DDP (the Parallel of parallel.py).
+
+Every rank holds the whole model; DDP averages the gradients, so a step of W ranks on
+their shares of a global batch B is the step one process would take on B (up to the
+order of float sums). The batch is cut in W equal shares (B must divide by W), the logged
+loss is the mean of the ranks' losses (the global batch's), and every decision input
+comes from rank 0 by broadcast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gpuflow.tasks.training.checkpoint import CheckpointManager
+from gpuflow.tasks.training.distributed.checkpoint import DcpCheckpointer
+from gpuflow.tasks.training.parallel import Checkpointer, OnCommit
+from gpuflow.tasks.training.storage import CheckpointStore
+from torch.nn.parallel import DistributedDataParallel
+
+
+class DataParallel:
+    def __init__(self, device: torch.device, staging: Path) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device, self.staging = device, staging
+        # Async checkpoint writes talk on their own group, never inside a training step's.
+        self._checkpoint_group = dist.new_group(backend="gloo")
+
+    @property
+    def primary(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.device.type == "cpu":
+            return DistributedDataParallel(model)
+        return DistributedDataParallel(model, device_ids=[self.device])
+
+    def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        per = len(x) // self.world_size
+        lo = self.rank * per
+        return x[lo : lo + per], y[lo : lo + per]
+
+    def mean(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self._collective_device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world_size
+
+    def agree(self, value: Any) -> Any:
+        box = [value]
+        dist.broadcast_object_list(box, src=0, device=self._collective_device)
+        return box[0]
+
+    @property
+    def _collective_device(self) -> torch.device:
+        return torch.device("cpu") if dist.get_backend() == "gloo" else self.device
+
+    def checkpointer(
+        self,
+        store: CheckpointStore,
+        job_id: str,
+        *,
+        keep_last: int,
+        expected_model: str,
+        fencing_token: int | None,
+        on_commit: OnCommit | None,
+    ) -> Checkpointer:
+        manager = CheckpointManager(
+            store,
+            job_id,
+            keep_last=keep_last,
+            expected_model=expected_model,
+            fencing_token=fencing_token,
+        )
+        return DcpCheckpointer(
+            manager, self.staging / job_id, self.rank, self._checkpoint_group, on_commit
+        )

@@ -1,0 +1,100 @@
+"""One rank of a gang: the process torchelastic's agent starts (``rank_main``).
+
+It binds itself to its unit (gang.py) before CUDA starts, joins the process group with
+the gang's backend, and runs the project's training loop with DataParallel. Rank 0 alone
+reads the control channel, acknowledges requests, reports committed checkpoints to the
+inventory and runs the step observers (a progress bar, a test's step gate); every rank
+acts on rank 0's decisions. Returns the loop's result as a dict (the agent collects one
+per rank).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gpuflow.tasks.training.distributed.gang import bind_this_rank, decode_plan
+
+
+def rank_main(
+    spec: Any,  # TrainSpec
+    storage: Any,  # CheckpointStorage
+    plan_json: str,
+    backend: str,
+    inventory_url: str | None,
+    fencing_token: int | None,
+    staging: str,
+    attempt: int,
+    threads: int = 1,
+) -> dict[str, Any]:
+    units = decode_plan(plan_json)
+    rank = int(os.environ["RANK"])
+    unit = bind_this_rank(units, int(os.environ["LOCAL_RANK"]), os.environ)
+
+    import torch  # CUDA (if any) initialises after the binding above
+    import torch.distributed as dist
+    from gpuflow.tasks.training.distributed.ddp import DataParallel
+    from gpuflow.tasks.training.job import step_observers
+    from gpuflow.tasks.training.loop import train_loop
+    from gpuflow.tasks.training.storage import open_store
+
+    torch.set_num_threads(threads)
+    device = torch.device("cpu") if unit.vendor == "sim" else torch.device("cuda", 0)
+    dist.init_process_group(
+        backend, store=_round_store(), rank=rank, world_size=int(os.environ["WORLD_SIZE"])
+    )
+    try:
+        parallel = DataParallel(device, Path(staging))
+        inventory = control = None
+        if rank == 0 and inventory_url:
+            from gpuflow.hardware.inventory import Inventory
+
+            inventory = control = Inventory(inventory_url)
+
+        def committed(cid: str, step: int) -> None:
+            if inventory is not None:
+                inventory.transition_job(
+                    spec.job_id, expect_attempt=attempt, last_checkpoint_id=cid
+                )
+
+        hooks = [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in step_observers]
+        result = train_loop(
+            spec,
+            open_store(storage),
+            device=device,
+            control=control,
+            hooks=hooks,
+            on_checkpoint=committed,
+            fencing_token=fencing_token,
+            parallel=parallel,
+        )
+        out = result.to_dict()
+        out.update(rank=rank, world_size=parallel.world_size, resource_id=unit.resource_id)
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def _round_store() -> Any:
+    """The rendezvous store, keyed by this round of the gang (torchelastic's restart count).
+
+    After a restart the agent's store still holds the dead round's keys (the addresses its
+    ranks listened on); without a per-round prefix the new ranks read those and try to
+    connect to processes that are gone.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=not agent_hosts_it and os.environ["RANK"] == "0",
+        timeout=timedelta(minutes=5),
+        multi_tenant=True,
+    )
+    return dist.PrefixStore(f"gpuflow/round-{restart}", store)

@@ -1,0 +1,86 @@
+"""What each rank of a gang may see, and which collective backend it uses."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.inventory import Inventory
+from gpuflow.hardware.sim import SimBackend
+from gpuflow.tasks.training.distributed.gang import (
+    UNIT_ENV,
+    GangUnit,
+    bind_this_rank,
+    choose_backend,
+    decode_plan,
+    encode_plan,
+    rank_environment,
+)
+from gpuflow.tasks.training.distributed.launch import check_gang
+
+from tests.tasks.remediation.helpers import small_spec
+
+FOUR_GPU_NODE = {
+    "name": "four",
+    "seed": 3,
+    "faults": {"natural": False},
+    "nodes": [
+        {
+            "name": "h0",
+            "region": "r1",
+            "role": "active",
+            "devices": [{"sku": "a100-40gb", "count": 4}],
+        }
+    ],
+}
+
+
+def test_a_gang_on_twin_devices_1_and_3_binds_each_rank_to_its_own(gpuflow_home) -> None:
+    spec = gpuflow_home / "four.yaml"
+    spec.write_text(yaml.safe_dump(FOUR_GPU_NODE))
+    backend = SimBackend(spec_path=spec)
+    inv = Inventory()
+    inv.sync(backend)
+    by_index = {d.index: d for d in inv.devices("h0")}
+    one, three = (inv.resource(by_index[i].uuid) for i in (1, 3))
+    units = [GangUnit.of(one, backend.name), GangUnit.of(three, backend.name)]
+    assert [(u.node, u.device_index, u.vendor) for u in units] == [
+        ("h0", 1, "sim"),
+        ("h0", 3, "sim"),
+    ]
+    plan = decode_plan(encode_plan(units))
+    assert plan == units
+    for local_rank, unit in enumerate(units):
+        environ = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "HIP_VISIBLE_DEVICES": "0"}
+        assert bind_this_rank(plan, local_rank, environ) == unit
+        # The twin trains on the CPU: no GPU of this machine is in reach, whatever was set.
+        assert environ == {UNIT_ENV: unit.resource_id, "CUDA_VISIBLE_DEVICES": ""}
+    assert choose_backend(units) == "gloo"
+
+
+def test_real_devices_see_exactly_their_leased_unit() -> None:
+    gpu1 = GangUnit("GPU-aaa", "h0", 1, "nvidia")
+    gpu3 = GangUnit("GPU-bbb", "h0", 3, "nvidia")
+    mig = GangUnit("MIG-7f3c", "h0", 2, "nvidia", "mig", "3g.20gb")
+    dcu = GangUnit("DCU-1", "d0", 5, "hygon")
+    assert rank_environment(gpu1)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert rank_environment(gpu3)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert rank_environment(mig)["CUDA_VISIBLE_DEVICES"] == "MIG-7f3c"
+    assert rank_environment(dcu) == {UNIT_ENV: "DCU-1", "HIP_VISIBLE_DEVICES": "5"}
+    assert choose_backend([gpu1, gpu3]) == "nccl" and choose_backend([dcu]) == "nccl"
+    assert choose_backend([gpu1, gpu3], override="gloo") == "gloo"
+    with pytest.raises(InvalidRequestError, match="one vendor"):
+        choose_backend([gpu1, dcu])
+    with pytest.raises(InvalidRequestError, match="'mpi' is not one of"):
+        choose_backend([gpu1], override="mpi")
+    with pytest.raises(InvalidRequestError, match="vendor 'acme'"):
+        rank_environment(GangUnit("X", "h", 0, "acme"))
+
+
+def test_a_gang_that_cannot_split_its_batch_is_refused_before_it_starts() -> None:
+    spec = small_spec("odd")  # batch 2
+    three = [GangUnit(f"r{i}", "n", i, "sim") for i in range(3)]
+    with pytest.raises(InvalidRequestError, match="global batch 2 does not split into 3"):
+        check_gang(spec, three)
+    with pytest.raises(InvalidRequestError, match="span nodes"):
+        check_gang(spec, [GangUnit("a", "n0", 0, "sim"), GangUnit("b", "n1", 0, "sim")])
