@@ -17,10 +17,13 @@ from gpuflow.tasks.health.monitor import (
     DEFAULT_THRESHOLD,
     RoundReport,
     load_health_model_task,
+    monitor_dir,
     run_monitor_task,
     validate_thresholds,
 )
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, validate_interval_s
+from gpuflow.tasks.node_scope import node_backend
+from gpuflow.tasks.worker_queues import node_queue_name
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
     create_progress_artifact,
@@ -38,17 +41,19 @@ def monitor(
     clear_threshold: float | None = None,
     model_uri: str | None = None,
     fast_forward: bool = False,
+    node: str | None = None,
 ) -> dict[str, Any]:
     """Watch the fleet for ``rounds`` x ``interval_s`` seconds. ``model_uri``: None for the
     registered champion (the threshold rules until one exists), "rules", or an MLflow
-    URI. ``fast_forward`` (twin only): advance the twin's clock instead of sleeping."""
+    URI. ``fast_forward`` (twin only): advance the twin's clock instead of sleeping.
+    ``node``: watch that node only (a host's own monitor, gpuflow.controlplane_nodes)."""
     logger = get_run_logger()
     interval_s = validate_interval_s(interval_s)
     validate_thresholds(threshold, clear_threshold)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     cluster = load_cluster(cluster_block)
-    backend = cluster.get_backend()
+    backend = node_backend(cluster.get_backend(), node)
     wait = None
     if fast_forward:
         advance = getattr(backend, "advance", None)
@@ -88,6 +93,10 @@ def monitor(
         "clear_threshold": clear_threshold,
         "on_round": on_round,
     }
+    if node is not None:
+        # Its own windows and incidents: a monitor closes the incidents of devices it no
+        # longer sees, which would be every other node's.
+        kwargs["state_dir"] = monitor_dir() / node_queue_name(node)
     if wait is not None:
         kwargs["wait"] = wait
     result = run_monitor_task(backend, model, **kwargs)

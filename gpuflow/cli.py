@@ -1,7 +1,7 @@
 """The `gpuflow` command line: thin verbs over the plain functions of hardware/ and tasks/.
 
 Each capability keeps its verbs in its own module (gpuflow/cli_<area>.py); this one mounts
-them and holds the verbs of the platform itself: bench, up, down, demo.
+them and holds the verbs of the platform itself: bench, up, join, down, demo.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from rich.table import Table
 
 from gpuflow.cli_base import clean_errors, console
 from gpuflow.controlplane import DEFAULT_MLFLOW_PORT, DEFAULT_PREFECT_PORT
+from gpuflow.controlplane_address import LOOPBACK
 from gpuflow.hardware.backend import InvalidRequestError
 
 app = typer.Typer(
@@ -28,7 +29,7 @@ app = typer.Typer(
 
 def _mount_capabilities() -> None:
     """`gpuflow --help` lists commands in the order they are registered (these two, then
-    bench, up, down, demo below), then the command groups in this order."""
+    bench, up, join, down, demo below), then the command groups in this order."""
     from gpuflow import cli_edge, cli_health, cli_hw, cli_remediate, cli_schedule, cli_train
 
     app.command("train")(cli_train.train_cmd)
@@ -122,13 +123,16 @@ def up_cmd(
         str | None,
         typer.Option(
             envvar="GPUFLOW_PREFECT_DATABASE_URL",
-            help="PostgreSQL URL for Prefect (default SQLite).",
+            help="PostgreSQL URL for Prefect (default SQLite). It holds a password: prefer "
+            "the environment variable, as an option is visible in this command's argv.",
         ),
     ] = None,
     mlflow_backend_uri: Annotated[
         str | None,
         typer.Option(
-            envvar="GPUFLOW_MLFLOW_BACKEND_URI", help="MLflow backend store URL (default SQLite)."
+            envvar="GPUFLOW_MLFLOW_BACKEND_URI",
+            help="MLflow backend store URL (default SQLite); prefer the environment "
+            "variable for one with a password.",
         ),
     ] = None,
     mlflow_artifacts: Annotated[
@@ -137,6 +141,14 @@ def up_cmd(
     no_deploy: Annotated[
         bool, typer.Option("--no-deploy", help="Skip `prefect deploy --all`.")
     ] = False,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address the Prefect and MLflow servers bind: an IP address or a host name "
+            "of this machine. Give the one other hosts reach it by (the URLs name it); "
+            "0.0.0.0 binds every interface and names the one with the default route."
+        ),
+    ] = LOOPBACK,
 ) -> None:
     """Start a local control plane: Prefect server, MLflow server, work pool, Blocks, deployments, workers."""
     from pydantic import SecretStr
@@ -155,6 +167,7 @@ def up_cmd(
             mlflow_artifacts=mlflow_artifacts,
             deploy=not no_deploy,
             report=lambda msg: status.update(f"gpuflow up: {msg}"),
+            host=host,
         )
     table = Table(title="gpuflow control plane")
     table.add_column("what")
@@ -173,13 +186,50 @@ def up_cmd(
     )
 
 
-@app.command("down")
+@app.command("join")
 @clean_errors
-def down_cmd() -> None:
-    """Stop what `gpuflow up` started, and only that."""
+def join_cmd(
+    control: Annotated[
+        str,
+        typer.Option(help="The control plane's Prefect API URL, e.g. http://CONTROL:4200/api."),
+    ],
+    node: Annotated[str, typer.Option(help="The node this host owns (its devices' node name).")],
+    mlflow: Annotated[
+        str | None,
+        typer.Option(help="MLflow URL; default: the one the control plane saved at `up`."),
+    ] = None,
+    project_dir: Annotated[
+        Path | None, typer.Option(help="This host's gpuflow checkout (holds prefect.yaml).")
+    ] = None,
+) -> None:
+    """Join this host to a control plane: register its node there and start its worker."""
     from gpuflow import controlplane
 
-    stopped = controlplane.down(report=lambda msg: console.print(msg))
+    with console.status("gpuflow join") as status:
+        plane = controlplane.join(
+            control,
+            node,
+            project_dir or _default_project_dir(),
+            mlflow_url=mlflow,
+            report=lambda msg: status.update(f"gpuflow join: {msg}"),
+        )
+    for s in plane.services:
+        console.print(f"{s.name}: pid {s.pid}, log {s.log}")
+    console.print(f"node {node} joined {plane.prefect_ui_url}: {', '.join(plane.deployments)}")
+
+
+@app.command("down")
+@clean_errors
+def down_cmd(
+    node: Annotated[
+        str | None,
+        typer.Option(help="Stop the worker `gpuflow join --node NODE` started instead."),
+    ] = None,
+) -> None:
+    """Stop what `gpuflow up` (or `gpuflow join`) started, and only that."""
+    from gpuflow import controlplane
+
+    stopped = controlplane.down(report=lambda msg: console.print(msg), node=node)
     console.print(f"stopped {len(stopped)} process(es)")
 
 

@@ -1,11 +1,18 @@
-"""`gpuflow up` / `gpuflow down`: a local control plane, and only what it started.
+"""`gpuflow up` / `gpuflow join` / `gpuflow down`: a control plane, and only what it started.
 
 up: Prefect server (SQLite under GPUFLOW_HOME, or a PostgreSQL URL) → MLflow tracking
-server (SQLite under GPUFLOW_HOME or a given URL; artifacts local or on S3) → the process
-work pool → Blocks registered and saved → every deployment of prefect.yaml applied (with
-schedules and event triggers) → worker(s). Every process gets its own session (process
-group) and a log under GPUFLOW_HOME/logs; their pids and command lines go to
-GPUFLOW_HOME/controlplane.json, which is all `down` acts on.
+server (SQLite under GPUFLOW_HOME or a given URL; artifacts local or on S3), both on
+``--host`` (loopback by default) → the process work pool, Blocks and the MLflow URL saved
+on the server → every deployment of prefect.yaml applied (with schedules and event
+triggers) → node queues and per-node deployments (gpuflow.controlplane_nodes) → worker(s).
+
+join (on a host that owns devices): that host's node registered on a control plane
+elsewhere and a worker started for it, pointed at that control plane's Prefect and MLflow.
+
+Every process gets its own session and a log under GPUFLOW_HOME/logs
+(gpuflow.controlplane_procs); their pids and command lines go to GPUFLOW_HOME/
+controlplane.json (`up`) or join-<node>.json (`join`), which is all `down` acts on. Those
+hold no secret: database URLs reach the servers through their environment.
 
 ``local_stores`` names where those records live by default, and ``recording_env`` lets
 another process (the tour) record there, so `gpuflow up` shows its runs afterwards.
@@ -15,43 +22,46 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
+from gpuflow.controlplane_address import LOOPBACK, ListenAddress, check_port, listen_address
+from gpuflow.controlplane_nodes import read_mlflow_url, register_nodes, validate_node_names
+from gpuflow.controlplane_procs import (
+    ControlPlaneError,
+    Report,
+    Service,
+    alive,
+    console_script,
+    run,
+    start,
+    stop,
+    wait_http,
+    worker_argv,
+)
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
+from gpuflow.tasks.worker_queues import node_queue_name
+
+__all__ = ["ControlPlane", "ControlPlaneError", "Service", "down", "join", "up"]
 
 STATE_FILE = "controlplane.json"
 POOL = "gpuflow-process"
 DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
 SERVER_START_TIMEOUT_S = 180  # a server's first start migrates its database
-Report = Callable[[str], None]
-
-
-class ControlPlaneError(RuntimeError):
-    """A service did not come up; what was started has been stopped again."""
-
-
-@dataclass
-class Service:
-    name: str
-    pid: int
-    argv: list[str]
-    log: str
-    url: str | None = None
-    start_ticks: int | None = None  # /proc start time: tells our process from a reused pid
+JOIN_CHECK_TIMEOUT_S = 10
+# Where `gpuflow up` reads the store URLs from (gpuflow.cli): kept from other processes.
+SECRET_ENV = ("GPUFLOW_PREFECT_DATABASE_URL", "GPUFLOW_MLFLOW_BACKEND_URI")
 
 
 @dataclass
@@ -119,136 +129,36 @@ def local_stores(home: Path | None = None) -> LocalStores:
 
 
 def local_urls(
-    prefect_port: int = DEFAULT_PREFECT_PORT, mlflow_port: int = DEFAULT_MLFLOW_PORT
+    prefect_port: int = DEFAULT_PREFECT_PORT,
+    mlflow_port: int = DEFAULT_MLFLOW_PORT,
+    address: ListenAddress | None = None,
 ) -> dict[str, str]:
-    """The URLs of a control plane on these loopback ports (ControlPlane's fields)."""
+    """The URLs of a control plane on these ports of ``address`` (loopback by default),
+    as ControlPlane's fields."""
+    address = address or listen_address(LOOPBACK)
     return {
-        "prefect_api_url": f"http://127.0.0.1:{prefect_port}/api",
-        "prefect_ui_url": f"http://127.0.0.1:{prefect_port}",
-        "mlflow_url": f"http://127.0.0.1:{mlflow_port}",
+        "prefect_api_url": address.url(prefect_port, "/api"),
+        "prefect_ui_url": address.url(prefect_port),
+        "mlflow_url": address.url(mlflow_port),
     }
 
 
-def _bin(name: str) -> str:
-    """A console script of this environment (prefect, mlflow), never one found on PATH."""
-    path = Path(sys.executable).with_name(name)
-    if not path.exists():
-        raise ControlPlaneError(f"{name} is not installed in {Path(sys.executable).parent}")
-    return str(path)
+def state_path(home: Path | None = None, node: str | None = None) -> Path:
+    """`up`'s record, or with ``node`` the record of `join --node NODE`."""
+    return (home or gpuflow_home()) / (f"join-{node}.json" if node else STATE_FILE)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _check_port(port: int) -> int:
-    if port == 0:
-        return _free_port()
-    if not 1 <= port <= 65535:
-        raise InvalidRequestError(f"port {port} is not in 1..65535")
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            raise InvalidRequestError(
-                f"port {port} on 127.0.0.1 is in use; pick another (--prefect-port/--mlflow-port, 0 = any)"
-            ) from None
-    return port
-
-
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise ControlPlaneError(
-                f"{url} never came up: the process exited ({proc.returncode}):\n{tail}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback URL we built
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise ControlPlaneError(f"{url} did not answer within {timeout_s:.0f} s (log: {log})")
-
-
-def _start(
-    name: str, argv: list[str], env: dict[str, str], logs: Path, cwd: Path
-) -> tuple[subprocess.Popen[bytes], Service]:
-    log = logs / f"{name}.log"
-    out = log.open("ab")
-    proc = subprocess.Popen(  # noqa: S603 - argv list of our own console scripts
-        argv,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        cwd=str(cwd),
-        start_new_session=True,
-    )
-    out.close()
-    started = _proc_start(proc.pid)
-    return proc, Service(
-        name=name,
-        pid=proc.pid,
-        argv=argv,
-        log=str(log),
-        start_ticks=started[0] if started else None,
-    )
-
-
-def _run(argv: list[str], env: dict[str, str], cwd: Path, what: str, timeout_s: float = 300) -> str:
-    done = subprocess.run(  # noqa: S603 - argv list of our own console scripts
-        argv,
-        env=env,
-        cwd=str(cwd),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        stdin=subprocess.DEVNULL,
-    )
-    if done.returncode != 0:
-        raise ControlPlaneError(
-            f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
-    return done.stdout
-
-
-def state_path(home: Path | None = None) -> Path:
-    return (home or gpuflow_home()) / STATE_FILE
-
-
-def read_state(home: Path | None = None) -> ControlPlane | None:
-    path = state_path(home)
+def read_state(home: Path | None = None, node: str | None = None) -> ControlPlane | None:
+    path = state_path(home, node)
     if not path.exists():
         return None
     return ControlPlane.from_dict(json.loads(path.read_text()))
 
 
-def _proc_start(pid: int) -> tuple[int, str] | None:
-    """(start time in clock ticks, state) of a process, from /proc/<pid>/stat."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
-    return int(fields[19]), fields[0]
-
-
-def _alive(service: Service) -> bool:
-    """The pid runs and is still the process we started (pids get reused)."""
-    found = _proc_start(service.pid)
-    return found is not None and found[1] != "Z" and found[0] == service.start_ticks
-
-
 def serving(plane: ControlPlane) -> bool:
     """Both servers of ``plane`` still run (workers do not matter to a client)."""
     servers = [s for s in plane.services if s.name in ("prefect-server", "mlflow-server")]
-    return len(servers) == 2 and all(_alive(s) for s in servers)
+    return len(servers) == 2 and all(alive(s) for s in servers)
 
 
 def recording_env(home: Path | None = None) -> tuple[dict[str, str | None], ControlPlane | None]:
@@ -282,6 +192,114 @@ def recording_env(home: Path | None = None) -> tuple[dict[str, str | None], Cont
     }, None
 
 
+def _check_project(project_dir: Path) -> Path:
+    project_dir = project_dir.resolve()
+    if not (project_dir / "prefect.yaml").is_file():
+        raise InvalidRequestError(
+            f"{project_dir} has no prefect.yaml; pass --project-dir with the gpuflow checkout"
+        )
+    return project_dir
+
+
+def _check_not_running(home: Path, node: str | None = None) -> None:
+    existing = read_state(home, node)
+    if existing and any(alive(s) for s in existing.services):
+        what = f"node {node} has already joined" if node else "a control plane is already up"
+        again = f"gpuflow down --node {node}" if node else "gpuflow down"
+        raise InvalidRequestError(f"{what} (see {state_path(home, node)}); run `{again}` first")
+
+
+class _Launcher:
+    """Starts the services of one record, writing the record after each, so `down` can
+    always clean up; ``check`` fails when one exited right after its start."""
+
+    def __init__(self, plane: ControlPlane, home: Path, node: str | None = None) -> None:
+        self.plane, self.path = plane, state_path(home, node)
+        self.logs = home / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __call__(
+        self, name: str, argv: list[str], env: dict[str, str], url: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        proc, service = start(name, argv, env, self.logs, Path(self.plane.project_dir))
+        service.url = url
+        self.procs.append(proc)
+        self.plane.services.append(service)
+        self.save()
+        return proc
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.plane.to_dict(), indent=2))
+
+    def check(self) -> None:
+        time.sleep(1.0)
+        services = zip(self.plane.services, self.procs, strict=True)
+        dead = [s.name for s, p in services if p.poll() is not None]
+        if dead:
+            raise ControlPlaneError(
+                f"{', '.join(dead)} exited right after start (logs in {self.logs})"
+            )
+
+
+def _node_worker(node: str) -> tuple[str, list[str], dict[str, str]]:
+    """(service name, argv, extra env) of the worker that owns ``node``: it takes runs from
+    that node's queue only, and the train flow refuses a placement on another node."""
+    argv = worker_argv(POOL, f"gpuflow-{node}", node_queue_name(node))
+    return f"worker-{node}", argv, {"GPUFLOW_NODE": node}
+
+
+def _mlflow_server(
+    address: ListenAddress,
+    port: int,
+    backend_uri: str,
+    artifacts: str,
+    default_artifact_root: str | None,
+    base_env: dict[str, str],
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the MLflow server. Its stores go through the environment
+    (MLflow's options read MLFLOW_BACKEND_STORE_URI, ...): a PostgreSQL URL carries a
+    password, and argv is public on this machine and recorded in the state file."""
+    env = {
+        **base_env,
+        "MLFLOW_BACKEND_STORE_URI": backend_uri,
+        "MLFLOW_ARTIFACTS_DESTINATION": artifacts,
+        # MLflow refuses requests whose Host header it does not know (DNS rebinding).
+        "MLFLOW_SERVER_ALLOWED_HOSTS": address.allowed_host_headers,
+        # MLflow's server-side job runner (six queue consumers) serves nothing gpuflow uses.
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    env.pop("MLFLOW_DEFAULT_ARTIFACT_ROOT", None)
+    if default_artifact_root:
+        env["MLFLOW_DEFAULT_ARTIFACT_ROOT"] = default_artifact_root
+    argv = [
+        console_script("mlflow"),
+        "server",
+        "--host",
+        address.bind,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    return argv, env
+
+
+def _prefect_server(
+    address: ListenAddress, port: int, database_url: str, api_url: str, base_env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the Prefect server; the database URL in the environment."""
+    env = {
+        **base_env,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": api_url,
+        "PREFECT_API_DATABASE_CONNECTION_URL": database_url,
+    }
+    env.pop("PREFECT_API_URL")
+    argv = [console_script("prefect"), "server", "start", "--host", address.bind, "--port"]
+    return [*argv, str(port)], env
+
+
 def up(
     project_dir: Path,
     prefect_port: int = DEFAULT_PREFECT_PORT,
@@ -293,27 +311,17 @@ def up(
     mlflow_artifacts: str | None = None,
     deploy: bool = True,
     report: Report = print,
+    host: str = LOOPBACK,
 ) -> ControlPlane:
-    """Start the control plane; on any failure stop what was started and raise."""
+    """Start the control plane on ``host``; on any failure stop what was started and raise."""
+    address = listen_address(host)
     home = gpuflow_home()
-    existing = read_state(home)
-    if existing and any(_alive(s) for s in existing.services):
-        raise InvalidRequestError(
-            f"a control plane is already up (see {state_path(home)}); run `gpuflow down` first"
-        )
-    project_dir = project_dir.resolve()
-    if not (project_dir / "prefect.yaml").is_file():
-        raise InvalidRequestError(
-            f"{project_dir} has no prefect.yaml; pass --project-dir with the gpuflow checkout"
-        )
+    _check_not_running(home)
+    project_dir = _check_project(project_dir)
     if workers < 0:
         raise InvalidRequestError(f"workers must be >= 0, got {workers}")
-    bad = [n for n in node_workers if not n or not all(c.isalnum() or c in "-_." for c in n)]
-    if bad:
-        raise InvalidRequestError(f"node worker names {bad} must be letters, digits, '-', '_', '.'")
-    prefect_port, mlflow_port = _check_port(prefect_port), _check_port(mlflow_port)
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    validate_node_names(node_workers)
+    prefect_port, mlflow_port = check_port(address, prefect_port), check_port(address, mlflow_port)
     stores = local_stores(home)
     stores.mlflow_dir.mkdir(parents=True, exist_ok=True)
 
@@ -321,201 +329,159 @@ def up(
         home=str(home),
         project_dir=str(project_dir),
         pool=POOL,
-        **local_urls(prefect_port, mlflow_port),
+        **local_urls(prefect_port, mlflow_port, address),
     )
-    base_env = {**os.environ, **plane.client_env(), "PREFECT_HOME": str(stores.prefect_home)}
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def launch(
-        name: str, argv: list[str], env: dict[str, str], url: str | None = None
-    ) -> subprocess.Popen[bytes]:
-        proc, service = _start(name, argv, env, logs, project_dir)
-        service.url = url
-        procs.append(proc)
-        plane.services.append(service)
-        state_path(home).write_text(
-            json.dumps(plane.to_dict(), indent=2)
-        )  # down can always clean up
-        return proc
+    # The store URLs (passwords) reach only the server that uses each, not the workers.
+    environ = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    base_env = {**environ, **plane.client_env(), "PREFECT_HOME": str(stores.prefect_home)}
+    launch = _Launcher(plane, home)
+    python = sys.executable
 
     try:
         report("starting Prefect server")
-        server_env = {
-            **base_env,
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_API_URL": plane.prefect_api_url,
-        }
-        server_env.pop("PREFECT_API_URL")
-        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = (
-            prefect_database_url.get_secret_value()
-            if prefect_database_url
-            else stores.prefect_database_url
+        database = prefect_database_url.get_secret_value() if prefect_database_url else None
+        argv, env = _prefect_server(
+            address,
+            prefect_port,
+            database or stores.prefect_database_url,
+            plane.prefect_api_url,
+            base_env,
         )
-        proc = launch(
-            "prefect-server",
-            [
-                _bin("prefect"),
-                "server",
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(prefect_port),
-            ],
-            server_env,
-            plane.prefect_ui_url,
-        )
-        _wait_http(
+        proc = launch("prefect-server", argv, env, plane.prefect_ui_url)
+        wait_http(
             f"{plane.prefect_api_url}/health",
             SERVER_START_TIMEOUT_S,
             proc,
-            logs / "prefect-server.log",
+            launch.logs / "prefect-server.log",
         )
 
         report("starting MLflow tracking server")
-        backend = (
+        # Local artifacts on a loopback plane: experiments the server creates get the plain
+        # folder as their root, as those tasks/tracking.py creates without a server do, so a
+        # process records into either way. Reachable from other hosts (or artifacts on S3),
+        # the server proxies artifacts (mlflow-artifacts:): no host writes another's disk.
+        artifacts = mlflow_artifacts or stores.mlflow_artifacts_uri
+        local_root = None if mlflow_artifacts or not address.is_loopback else artifacts
+        argv, env = _mlflow_server(
+            address,
+            mlflow_port,
             mlflow_backend_uri.get_secret_value()
             if mlflow_backend_uri
-            else stores.mlflow_backend_uri
+            else stores.mlflow_backend_uri,
+            artifacts,
+            local_root,
+            base_env,
         )
-        artifacts = mlflow_artifacts or stores.mlflow_artifacts_uri
-        # Local artifacts: experiments the server creates get the plain folder as their
-        # root, as those tasks/tracking.py creates without a server do, so a process
-        # records into either way (an mlflow-artifacts: root needs the server to write).
-        artifact_root = [] if mlflow_artifacts else ["--default-artifact-root", artifacts]
-        # MLflow's server-side job runner (six queue consumers) serves nothing gpuflow uses.
-        mlflow_env = {**base_env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        proc = launch(
-            "mlflow-server",
-            [
-                _bin("mlflow"),
-                "server",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(mlflow_port),
-                "--backend-store-uri",
-                backend,
-                "--artifacts-destination",
-                artifacts,
-                *artifact_root,
-                "--workers",
-                "1",
-            ],
-            mlflow_env,
-            plane.mlflow_url,
-        )
-        _wait_http(
-            f"{plane.mlflow_url}/health", SERVER_START_TIMEOUT_S, proc, logs / "mlflow-server.log"
+        proc = launch("mlflow-server", argv, env, plane.mlflow_url)
+        wait_http(
+            f"{plane.mlflow_url}/health",
+            SERVER_START_TIMEOUT_S,
+            proc,
+            launch.logs / "mlflow-server.log",
         )
 
-        report(f"creating work pool {POOL}")
-        prefect = _bin("prefect")
-        _run(
-            [
-                prefect,
-                "--no-prompt",
-                "work-pool",
-                "create",
-                POOL,
-                "--type",
-                "process",
-                "--overwrite",
-            ],
-            base_env,
-            project_dir,
-            "creating the work pool",
-        )
-        report("registering and saving Blocks")
-        _run(
-            [prefect, "--no-prompt", "block", "register", "-m", "gpuflow.blocks"],
-            base_env,
-            project_dir,
-            "registering blocks",
-        )
-        _run(
-            [sys.executable, "-m", "gpuflow.controlplane_blocks"],
-            base_env,
-            project_dir,
-            "saving default blocks",
-        )
+        report(f"creating work pool {POOL}, registering and saving Blocks")
+        setup = [python, "-m", "gpuflow.controlplane_blocks", "setup", POOL, plane.mlflow_url]
+        run(setup, base_env, project_dir, "setting up the Prefect server")
         if deploy:
             report("applying every deployment of prefect.yaml")
-            _run(
-                [prefect, "--no-prompt", "deploy", "--all"],
-                base_env,
-                project_dir,
-                "prefect deploy --all",
-                600,
-            )
+            prefect = console_script("prefect")
+            deploy_all = [prefect, "--no-prompt", "deploy", "--all"]
+            run(deploy_all, base_env, project_dir, "prefect deploy --all", 600)
             plane.deployments = deployment_names(project_dir)
+        if node_workers:
+            report(f"registering node(s) {', '.join(node_workers)}")
+            nodes = [python, "-m", "gpuflow.controlplane_blocks", "nodes", POOL, *node_workers]
+            run(nodes, base_env, project_dir, "registering the nodes")
+            if deploy:
+                plane.deployments += _node_deployment_names(node_workers)
         for i in range(workers):
             report(f"starting worker {i + 1}/{workers}")
-            launch(
-                f"worker-{i + 1}",
-                [
-                    prefect,
-                    "worker",
-                    "start",
-                    "--pool",
-                    POOL,
-                    "--name",
-                    f"gpuflow-worker-{i + 1}",
-                    "--work-queue",
-                    "default",
-                ],
-                base_env,
-            )
+            argv = worker_argv(POOL, f"gpuflow-worker-{i + 1}", "default")
+            launch(f"worker-{i + 1}", argv, base_env)
         for node in node_workers:
-            # A worker that owns one node: it takes runs from that node's queue only, and
-            # the train flow refuses a placement on another node (GPUFLOW_NODE).
             report(f"starting the worker of node {node}")
-            _run(
-                [
-                    prefect,
-                    "--no-prompt",
-                    "work-queue",
-                    "create",
-                    node_queue_name(node),
-                    "--pool",
-                    POOL,
-                ],
-                base_env,
-                project_dir,
-                f"creating the work queue of node {node}",
-            )
-            launch(
-                f"worker-{node}",
-                [
-                    prefect,
-                    "worker",
-                    "start",
-                    "--pool",
-                    POOL,
-                    "--name",
-                    f"gpuflow-{node}",
-                    "--work-queue",
-                    node_queue_name(node),
-                ],
-                {**base_env, "GPUFLOW_NODE": node},
-            )
-        time.sleep(1.0)
-        dead = [s.name for s, p in zip(plane.services, procs, strict=True) if p.poll() is not None]
-        if dead:
-            raise ControlPlaneError(f"{', '.join(dead)} exited right after start (logs in {logs})")
+            name, argv, extra = _node_worker(node)
+            launch(name, argv, {**base_env, **extra})
+        launch.check()
     except BaseException:
         report("start-up failed: stopping what was started")
         down(home, report=lambda _msg: None)
         raise
-    state_path(home).write_text(json.dumps(plane.to_dict(), indent=2))
+    launch.save()
     return plane
 
 
-def node_queue_name(node: str) -> str:
-    """The work queue whose worker owns ``node`` (see tasks/worker_queues.py)."""
-    from gpuflow.tasks.worker_queues import node_queue_name as name
+def _node_deployment_names(nodes: tuple[str, ...]) -> list[str]:
+    from gpuflow.controlplane_nodes import PER_NODE_FLOWS, node_deployment_name
 
-    return name(node)
+    return [node_deployment_name(f, n) for n in nodes for f in PER_NODE_FLOWS]
+
+
+def _check_control(control_url: str) -> str:
+    """``control_url`` (a Prefect API URL) if a Prefect server answers there."""
+    url = control_url.strip().rstrip("/")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidRequestError(
+            f"--control {control_url!r} is not a Prefect API URL such as http://CONTROL:4200/api"
+        )
+    try:
+        # urlopen raises on any answer but 2xx.
+        with urllib.request.urlopen(f"{url}/health", timeout=JOIN_CHECK_TIMEOUT_S):  # noqa: S310 - http(s) checked above
+            pass
+    except (urllib.error.URLError, OSError) as exc:
+        raise InvalidRequestError(f"no Prefect API answers at --control {url} ({exc})") from None
+    return url
+
+
+def join(
+    control_url: str,
+    node: str,
+    project_dir: Path,
+    mlflow_url: str | None = None,
+    report: Report = print,
+) -> ControlPlane:
+    """Join this host's ``node`` to the control plane whose Prefect API is ``control_url``:
+    its queue and per-node deployments registered there, and a worker for it started here
+    (recorded in join-<node>.json for `gpuflow down --node`)."""
+    validate_node_names((node,))
+    home = gpuflow_home()
+    _check_not_running(home, node)
+    project_dir = _check_project(project_dir)
+    control_url = _check_control(control_url)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    report(f"registering node {node} on {control_url}")
+    with temporary_settings({PREFECT_API_URL: control_url}):
+        mlflow_url = mlflow_url or read_mlflow_url()
+        if not mlflow_url:
+            raise InvalidRequestError(
+                f"the control plane at {control_url} does not say where MLflow is "
+                "(started by an older gpuflow?); pass --mlflow URL"
+            )
+        deployments = register_nodes((node,), POOL)
+    plane = ControlPlane(
+        home=str(home),
+        project_dir=str(project_dir),
+        prefect_api_url=control_url,
+        prefect_ui_url=control_url.removesuffix("/api"),
+        mlflow_url=mlflow_url,
+        pool=POOL,
+        deployments=deployments,
+    )
+    prefect_home = str(local_stores(home).prefect_home)
+    env = {**os.environ, **plane.client_env(), "PREFECT_HOME": prefect_home}
+    launch = _Launcher(plane, home, node)
+    try:
+        report(f"starting the worker of node {node}")
+        name, argv, extra = _node_worker(node)
+        launch(name, argv, {**env, **extra})
+        launch.check()
+    except BaseException:
+        down(home, report=lambda _msg: None, node=node)
+        raise
+    return plane
 
 
 def deployment_names(project_dir: Path) -> list[str]:
@@ -525,38 +491,23 @@ def deployment_names(project_dir: Path) -> list[str]:
     return [f"{d['entrypoint'].rsplit(':', 1)[1]}/{d['name']}" for d in doc.get("deployments", [])]
 
 
-def down(home: Path | None = None, timeout_s: float = 20.0, report: Report = print) -> list[str]:
-    """Stop the services `up` started (and only those); return their names."""
+def down(
+    home: Path | None = None,
+    timeout_s: float = 20.0,
+    report: Report = print,
+    node: str | None = None,
+) -> list[str]:
+    """Stop the services `up` started (with ``node``: `join --node`), and only those;
+    return their names."""
     home = home or gpuflow_home()
-    plane = read_state(home)
+    plane = read_state(home, node)
     if plane is None:
-        report("no control plane recorded here; nothing to stop")
+        what = f"no join of node {node}" if node else "no control plane"
+        report(f"{what} recorded here; nothing to stop")
         return []
-    stopped = []
-    for service in reversed(plane.services):  # workers first, the server last
-        if not _alive(service):
-            continue
-        try:
-            os.killpg(service.pid, signal.SIGTERM)  # its own session: the whole group
-        except ProcessLookupError:
-            continue
-        deadline = time.monotonic() + timeout_s
-        while _alive(service) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(service):
-            os.killpg(service.pid, signal.SIGKILL)
-        _reap(service.pid)
-        report(f"stopped {service.name} (pid {service.pid})")
-        stopped.append(service.name)
-    state_path(home).unlink(missing_ok=True)
+    stopped = stop(reversed(plane.services), timeout_s, report)  # workers first, servers last
+    state_path(home, node).unlink(missing_ok=True)
     return stopped
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child (started by another `gpuflow up` process)
 
 
 def status(home: Path | None = None) -> list[dict[str, Any]]:
@@ -564,6 +515,6 @@ def status(home: Path | None = None) -> list[dict[str, Any]]:
     if plane is None:
         return []
     return [
-        {"name": s.name, "pid": s.pid, "alive": _alive(s), "url": s.url, "log": s.log}
+        {"name": s.name, "pid": s.pid, "alive": alive(s), "url": s.url, "log": s.log}
         for s in plane.services
     ]

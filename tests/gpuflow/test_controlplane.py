@@ -106,6 +106,7 @@ def test_up_serves_and_applies_every_deployment(plane: dict) -> None:
         "health_train",
         "monitor",
         "remediate",
+        "reconcile",
         "schedule",
         "edge_deploy",
     ):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from gpuflow import controlplane
+from gpuflow import controlplane, controlplane_procs
 from gpuflow.tour.record import recording
 from gpuflow.tour.summary import where_to_look
 
@@ -62,7 +62,7 @@ def running_plane(gpuflow_home: Path) -> Iterator[controlplane.ControlPlane]:
     """A control plane recorded as up: its "servers" are a process this test controls."""
     proc = subprocess.Popen(["sleep", "120"])  # noqa: S607 - coreutils, no input
     try:
-        ticks, _state = controlplane._proc_start(proc.pid) or (None, "")
+        ticks, _state = controlplane_procs.proc_start(proc.pid) or (None, "")
         plane = controlplane.ControlPlane(
             home=str(gpuflow_home),
             project_dir=str(gpuflow_home),

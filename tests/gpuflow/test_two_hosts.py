@@ -1,0 +1,439 @@
+"""Two hosts, one control plane: the walk-through of docs/scale-out.md, as it is written.
+
+The control host runs `gpuflow up --host <its address> --node-worker a100-0`: Prefect and
+MLflow (its store on PostgreSQL, the URL with its password in the environment only) bound
+to that address, and the worker of its own node. The GPU host runs `gpuflow join --control
+http://<control>:<port>/api --node a100-1`, which registers its node there and starts its
+worker. The hosts are two network namespaces joined by a veth pair (the control host is
+this test's own), or, where namespaces cannot be made, two loopback addresses
+(tests/helpers/hosts.py). They share this machine's file system: the GPUFLOW_HOME both use
+stands for what real hosts share (the inventory's PostgreSQL, S3 checkpoints) and holds
+the twin, a fleet of those two nodes.
+
+A training job submitted to the scheduler starts through the `train` deployment on the
+host whose node it was placed on; a health event on that node makes `remediate` (started
+by the event's trigger) move it, through a checkpoint, to the other host, where it finishes
+with no step lost. Meanwhile the GPU host's own monitor deployment runs there.
+
+The job runs in a worker's flow run, another process: a file gate (tests/helpers/
+step_gate.py, through the workers' environment) holds it after step HOLD_AT until
+remediation has asked it for its checkpoint, so it surely still runs when remediation lands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.hosts import two_hosts
+from tests.helpers.step_gate import StepGate
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).parents[2]
+JOB = "box-job"
+STEPS, INTERVAL, HOLD_AT = 60, 25, 30  # held after its first checkpoint
+CONTROL_NODE, GPU_NODE = "a100-0", "a100-1"
+FAKE_PASSWORD = "two-hosts-pw-5b1e"  # trust authentication: the server never asks for it
+MLFLOW_SCHEMA = "two_hosts_mlflow"
+
+
+def _run(
+    exe: str, *args: str, env: dict[str, str], timeout: int = 600, on: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """A console script of this environment, on the GPU host when ``on`` says so."""
+    path = Path(sys.executable).with_name(exe)
+    return subprocess.run(
+        [*on, str(path), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def _twin_spec(home: Path) -> Path:
+    spec = home / "box.yaml"
+    node = {"region": "cn-north", "role": "active", "devices": [{"sku": "a100-40gb", "count": 1}]}
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "box",
+                "seed": 7,
+                "faults": {"natural": False},
+                "nodes": [{"name": CONTROL_NODE, **node}, {"name": GPU_NODE, **node}],
+            }
+        )
+    )
+    return spec
+
+
+def _schema(postgres_url: str, *statements: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def _mlflow_store(postgres_url: str) -> Iterator[tuple[str, str]]:
+    """(MLflow backend URL, its password): a schema of the test PostgreSQL of its own,
+    behind a URL with a password (the fixture's, or a made-up one trust auth ignores)."""
+    from sqlalchemy import make_url
+
+    drop = f"DROP SCHEMA IF EXISTS {MLFLOW_SCHEMA} CASCADE"
+    _schema(postgres_url, drop, f"CREATE SCHEMA {MLFLOW_SCHEMA}")
+    url = make_url(postgres_url)
+    password = url.password or FAKE_PASSWORD
+    url = url.set(password=password).update_query_dict(
+        {"options": f"-csearch_path={MLFLOW_SCHEMA}"}
+    )
+    try:
+        yield url.render_as_string(hide_password=False), str(password)
+    finally:
+        _schema(postgres_url, drop)
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator[dict]:
+    home = tmp_path_factory.mktemp("two-hosts-home")
+    # Inside the job's lease (300 s from its start; renewed at step 50).
+    gate = StepGate(home / "gate", HOLD_AT, JOB, timeout_s=240)
+    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **gate.env()}
+    for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        env.pop(key, None)
+    reset = _run("gpuflow", "sim", "reset", "--spec", str(_twin_spec(home)), env=env)
+    assert reset.returncode == 0, reset.stderr
+    with _mlflow_store(postgres_url) as (mlflow_store, password), two_hosts() as hosts:
+        # The secret only in the control host's environment, as docs/scale-out.md says.
+        control_env = {**env, "GPUFLOW_MLFLOW_BACKEND_URI": mlflow_store}
+        try:
+            up = _run(
+                "gpuflow",
+                "up",
+                "--host",
+                hosts.control,
+                "--prefect-port",
+                "0",
+                "--mlflow-port",
+                "0",
+                "--node-worker",
+                CONTROL_NODE,
+                env=control_env,
+                timeout=900,
+            )
+            assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+            state = json.loads((home / "controlplane.json").read_text())
+            joined = _run(
+                "gpuflow",
+                "join",
+                "--control",
+                state["prefect_api_url"],
+                "--node",
+                GPU_NODE,
+                env=env,
+                on=hosts.gpu_prefix,
+            )
+            assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
+            client_env = {
+                **env,
+                "PREFECT_API_URL": state["prefect_api_url"],
+                "MLFLOW_TRACKING_URI": state["mlflow_url"],
+            }
+            yield {
+                "home": home,
+                "env": env,
+                "client_env": client_env,
+                "state": state,
+                "joined": json.loads((home / f"join-{GPU_NODE}.json").read_text()),
+                "gate": gate,
+                "hosts": hosts,
+                "password": password,
+            }
+        finally:
+            gate.open()  # a failed test leaves no job waiting
+            left = _run("gpuflow", "down", "--node", GPU_NODE, env=env, on=hosts.gpu_prefix)
+            down = _run("gpuflow", "down", env=env)
+            assert left.returncode == 0 and down.returncode == 0, left.stderr + down.stderr
+
+
+def _in_box(box: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point this test process at the box's home, Prefect server and MLflow server."""
+    for key in ("GPUFLOW_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+        monkeypatch.setenv(key, box["client_env"][key])
+
+
+def _wait(what: str, check, timeout_s: float, every_s: float = 1.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _group_cmdlines(pgid: int) -> list[str]:
+    """The command lines of every process in the process group ``pgid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def test_the_control_plane_listens_on_its_address_and_keeps_secrets_out(box: dict) -> None:
+    state, control = box["state"], box["hosts"].control
+    for url in (state["prefect_api_url"], state["prefect_ui_url"], state["mlflow_url"]):
+        assert url.startswith(f"http://{control}:"), url
+    mlflow_port = state["mlflow_url"].rsplit(":", 1)[1]
+    with urllib.request.urlopen(f"{state['mlflow_url']}/health", timeout=10) as resp:
+        assert resp.status == 200
+    # Bound to the control address only: nothing answers on this host's 127.0.0.1.
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{mlflow_port}/health", timeout=5)  # noqa: S310
+    # The GPU host's record points at the control plane, its worker owns its node.
+    joined = box["joined"]
+    assert joined["prefect_api_url"] == state["prefect_api_url"]
+    assert joined["mlflow_url"] == state["mlflow_url"]  # saved by `up`, read by `join`
+    assert [s["name"] for s in joined["services"]] == [f"worker-{GPU_NODE}"]
+
+    # The MLflow store's password: in no command line of the processes either host
+    # started (the servers' children included), nor in the state files.
+    password = box["password"]
+    services = state["services"] + joined["services"]
+    assert {s["name"] for s in services} >= {"prefect-server", "mlflow-server"}
+    cmdlines = [line for s in services for line in _group_cmdlines(s["pid"])]
+    assert any("mlflow" in line and "server" in line for line in cmdlines), cmdlines
+    assert not [line for line in cmdlines if password in line]
+    for record in ("controlplane.json", f"join-{GPU_NODE}.json"):
+        assert password not in (box["home"] / record).read_text()
+    # Its environment holds it, and only the MLflow server's.
+    holders = [s["name"] for s in services if password in _environ(s["pid"])]
+    assert holders == ["mlflow-server"]
+
+
+def _environ(pid: int) -> str:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+
+
+def _flow_run_logged_by(box: dict, flow_run_id: str) -> list[str]:
+    """The workers (of either host) that took the flow run, from their logs."""
+    services = box["state"]["services"] + box["joined"]["services"]
+    took = f"submitting flow run '{flow_run_id}'"
+    return [
+        s["name"]
+        for s in services
+        if s["name"].startswith("worker-") and took in Path(s["log"]).read_text()
+    ]
+
+
+def _start_gpu_host_monitor(api: str):
+    """A run of the GPU host's own monitor deployment, started once none of its runs is
+    active (one at a time: a run that starts while another runs is cancelled); with a
+    threshold only a lost device reaches, so it moves no job."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    name = f"monitor/node-{GPU_NODE}"
+    active = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
+    with temporary_settings({PREFECT_API_URL: api}):
+        with get_client(sync_client=True) as client:
+            dep = client.read_deployment_by_name(name)
+            _wait(
+                f"the scheduled runs of {name} to end",
+                lambda: (
+                    not client.read_flow_runs(
+                        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
+                        flow_run_filter=FlowRunFilter(
+                            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=active))
+                        ),
+                    )
+                ),
+                150,
+            )
+        return run_deployment(
+            name, parameters={"rounds": 1, "model_uri": "rules", "threshold": 1.0}, timeout=0
+        )
+
+
+@pytest.mark.timeout(900)
+def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatch) -> None:
+    _in_box(box, monkeypatch)
+    from gpuflow.hardware.inventory import Inventory
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api = box["client_env"]["PREFECT_API_URL"]
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        # Only this test's actions move jobs: no periodic scheduler, monitor or inventory.
+        for dep in client.read_deployments():
+            for sched in client.read_deployment_schedules(dep.id):
+                client.update_deployment_schedule(dep.id, sched.id, active=False)
+    watch = _start_gpu_host_monitor(api)  # checked at the end: it runs meanwhile
+
+    submitted = _run(
+        "gpuflow",
+        "schedule",
+        "submit",
+        JOB,
+        "--sku",
+        "a100-40gb",
+        "--model",
+        "llama-tiny",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-interval",
+        str(INTERVAL),
+        "--precision",
+        "fp32",
+        env=box["client_env"],
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    passed = _run(
+        "prefect", "deployment", "run", "schedule/schedule", "--watch", env=box["client_env"]
+    )
+    assert passed.returncode == 0, passed.stdout[-2000:] + passed.stderr[-2000:]
+
+    gate: StepGate = box["gate"]
+    assert gate.wait_reached(300), f"the job never reached step {HOLD_AT} on a worker"
+    inventory = Inventory()
+    job = _wait(
+        "the job to run and checkpoint",
+        lambda: (j := inventory.job(JOB)).state == "running" and j.last_checkpoint_id and j,
+        30,
+    )
+    placed = inventory.resource(job.resource_ids[0])
+    other = GPU_NODE if placed.node == CONTROL_NODE else CONTROL_NODE
+
+    # The event comes from another process, as from a monitor on another host (this test
+    # process's events client may already be bound to another server of the session).
+    emitted = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpuflow.tasks.health.events import emit_health_risk; "
+            "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
+            "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
+            placed.node,
+            str(placed.device_index),
+            placed.sku,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=box["client_env"],
+        cwd=ROOT,
+    )
+    assert emitted.returncode == 0, emitted.stderr
+
+    _wait(
+        "remediation to ask the job for a checkpoint",
+        lambda: any(r.status == "pending" for r in inventory.control_requests(JOB)),
+        180,
+        0.5,
+    )
+    assert inventory.is_cordoned(placed.node, placed.device_index), (
+        "remediation asked before it cordoned the device"
+    )
+    assert inventory.job(JOB).state == "running"  # held at the gate: it surely runs
+    gate.open()
+    done = _wait(
+        "the job to finish", lambda: (j := inventory.job(JOB)).state == "finished" and j, 600, 2.0
+    )
+
+    def job_runs() -> list:
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            found = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["train"]))
+            )
+        return sorted(
+            (r for r in found if (r.parameters.get("spec") or {}).get("job_id") == JOB),
+            key=lambda r: r.created,
+        )
+
+    # The job is finished in the inventory a moment before its flow run records the end.
+    runs = _wait(
+        "both train runs to complete",
+        lambda: (rs := job_runs()) and all(r.state_name == "Completed" for r in rs) and rs,
+        120,
+    )
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        remediations = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"]))
+        )
+    assert [r.work_queue_name for r in runs] == [f"node-{placed.node}", f"node-{other}"]
+    assert len(runs) == 2
+    assert remediations and remediations[0].state_name == "Completed"
+    # Each run on the worker of the host that owns its node.
+    assert [_flow_run_logged_by(box, str(r.id)) for r in runs] == [
+        [f"worker-{placed.node}"],
+        [f"worker-{other}"],
+    ]
+
+    import mlflow
+
+    client = mlflow.MlflowClient(box["client_env"]["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("gpuflow-train")
+    mruns = sorted(
+        client.search_runs([experiment.experiment_id], f"tags.`gpuflow.job_id` = '{JOB}'"),
+        key=lambda r: r.info.start_time,
+    )
+    assert [r.data.tags["gpuflow.node"] for r in mruns] == [placed.node, other]
+    acked = [r for r in inventory.control_requests(JOB) if r.checkpoint_id]
+    assert acked, "the job never acknowledged a checkpoint request"
+    stopped_at = int(acked[0].checkpoint_id.split("-")[1])
+    assert stopped_at == HOLD_AT  # it answered right where it was held
+    first, second = mruns
+    assert first.data.metrics["steps_done"] == stopped_at  # it stopped at its checkpoint
+    assert second.data.metrics["resumed_from_step"] == stopped_at  # zero steps lost
+    assert second.data.metrics["steps_done"] == STEPS and done.last_checkpoint_id.endswith(
+        str(STEPS)
+    )
+
+    # The GPU host's monitor ran on its worker and watched its node only.
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        watched = _wait(
+            "the GPU host's monitor run to end",
+            lambda: (r := client.read_flow_run(watch.id)).state.is_final() and r,
+            120,
+        )
+        risks = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[watch.id]))
+        )
+    assert watched.state_name == "Completed" and watched.work_queue_name == f"node-{GPU_NODE}"
+    assert _flow_run_logged_by(box, str(watch.id)) == [f"worker-{GPU_NODE}"]
+    (table,) = [a for a in risks if a.key == "monitor-risks"]
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert [row["device"] for row in rows] == [f"{GPU_NODE}:0"]
