@@ -1,6 +1,9 @@
 """Flow `train`: preflight ─ open run ─ place (lease) ─ tag placement ─ train (retries
 resume) ─ release ─ record results ─ log model ─ close run.
 
+A spec with ``gpus`` N > 1 is a gang: N units placed together, trained as N ranks on
+torch.distributed (tasks/training/distributed/), world size and units tagged on the run.
+
 The MLflow run carries the spec as params, loss/throughput/precision per step, every
 precision switch, device and SKU tags, and the final model. A run whose flow fails after it
 was opened is marked FAILED.
@@ -13,11 +16,13 @@ from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.launching import DeploymentLauncher
 from gpuflow.tasks.remediation.launch import remember_launch
 from gpuflow.tasks.scheduling.train_placement import (
+    gang_placement_task,
     placement_for_train_task,
     release_placement_task,
 )
 from gpuflow.tasks.tracking import fail_on_error
 from gpuflow.tasks.training.binding import DeviceRequest
+from gpuflow.tasks.training.distributed.tasks import tag_gang_task, train_gang_task
 from gpuflow.tasks.training.job import (
     EXPERIMENT,
     check_owned_node,
@@ -66,30 +71,61 @@ def train(
 
     run_id = open_train_run_task(spec, experiment, parent_run_id)
     with fail_on_error(run_id):
-        # The scheduler places it (homogeneous, by policy and priority) and leases for it; a
-        # job the `schedule` flow already placed gets that placement.
-        binding = placement_for_train_task(
-            cluster, device, spec.job_id, priority=priority, preempt=preempt, wait_s=wait_s
-        )
-        # How to relaunch this job elsewhere if its device fails (remediation reads it).
-        remember_launch(
-            cluster.get_inventory(),
-            spec,
-            storage,
-            device,
-            launcher=DeploymentLauncher.name,
-            run_id=run_id,
-        )
-        tag_placement_task(run_id, binding)
-        ok, stopped = False, False
-        try:
-            check_owned_node(cluster.get_inventory(), binding, spec.job_id)
-            result = train_loop_task(spec, storage, cluster, binding, run_id)
-            ok, stopped = True, result.stopped_by_request
-        finally:
-            release_placement_task(cluster, binding, spec.job_id, ok=ok, stopped_by_request=stopped)
+        if spec.gpus > 1:
+            result = _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_s)
+        else:
+            result = _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s)
         record_train_results_task(run_id, result)
         if log_model and not result.stopped_by_request:
             log_trained_model_task(run_id, spec, storage)
     close_run_task(run_id, "FINISHED")
     return {"run_id": run_id, **result.to_dict()}
+
+
+def _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s):
+    # The scheduler places it (homogeneous, by policy and priority) and leases for it; a
+    # job the `schedule` flow already placed gets that placement.
+    binding = placement_for_train_task(
+        cluster, device, spec.job_id, priority=priority, preempt=preempt, wait_s=wait_s
+    )
+    _remember(cluster, spec, storage, device, run_id)
+    tag_placement_task(run_id, binding)
+    ok, stopped = False, False
+    try:
+        check_owned_node(cluster.get_inventory(), binding, spec.job_id)
+        result = train_loop_task(spec, storage, cluster, binding, run_id)
+        ok, stopped = True, result.stopped_by_request
+    finally:
+        release_placement_task(cluster, binding, spec.job_id, ok=ok, stopped_by_request=stopped)
+    return result
+
+
+def _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_s):
+    # N units of one SKU on one node, all or none; one rank each (torchelastic's agent).
+    bindings = gang_placement_task(
+        cluster, device, spec.job_id, spec.gpus, priority=priority, preempt=preempt, wait_s=wait_s
+    )
+    _remember(cluster, spec, storage, device, run_id)
+    tag_placement_task(run_id, bindings[0])
+    ok, stopped = False, False
+    try:
+        for binding in bindings:
+            check_owned_node(cluster.get_inventory(), binding, spec.job_id)
+        result, gang = train_gang_task(spec, storage, cluster, bindings, run_id)
+        tag_gang_task(run_id, gang)
+        ok, stopped = True, result.stopped_by_request
+    finally:
+        release_placement_task(cluster, bindings[0], spec.job_id, ok=ok, stopped_by_request=stopped)
+    return result
+
+
+def _remember(cluster, spec, storage, device, run_id) -> None:
+    # How to relaunch this job elsewhere if its device fails (remediation reads it).
+    remember_launch(
+        cluster.get_inventory(),
+        spec,
+        storage,
+        device,
+        launcher=DeploymentLauncher.name,
+        run_id=run_id,
+    )

@@ -149,6 +149,15 @@ def train_cmd(
     storage_block: Annotated[
         str | None, typer.Option(help="A saved CheckpointStorage block.")
     ] = None,
+    gpus: Annotated[
+        int,
+        typer.Option(
+            help="Units to train on as one gang: N ranks on torch.distributed (DDP), one node."
+        ),
+    ] = 1,
+    max_restarts: Annotated[
+        int, typer.Option(help="A gang's restarts from its last checkpoint after a rank dies.")
+    ] = 1,
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
     from gpuflow.flows.train import train
@@ -162,6 +171,8 @@ def train_cmd(
         batch_size=batch_size,
         checkpoint_interval=checkpoint_interval,
         seed=seed,
+        gpus=gpus,
+        max_restarts=max_restarts,
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
     with _StepProgress():

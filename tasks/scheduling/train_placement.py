@@ -21,9 +21,10 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 
-def request_from_device(device: Any, job_id: str, priority: int = 0) -> JobRequest:
-    """A JobRequest for one unit from a tasks.training.binding.DeviceRequest (or anything
-    with ``sku``, ``profile``, ``resource_id`` and ``region``)."""
+def request_from_device(device: Any, job_id: str, priority: int = 0, count: int = 1) -> JobRequest:
+    """A JobRequest for ``count`` units (a gang: homogeneous, one node's worth) from a
+    tasks.training.binding.DeviceRequest (or anything with ``sku``, ``profile``,
+    ``resource_id`` and ``region``)."""
     sku = getattr(device, "sku", None)
     profile = getattr(device, "profile", None)
     resource_id = getattr(device, "resource_id", None)
@@ -38,6 +39,7 @@ def request_from_device(device: Any, job_id: str, priority: int = 0) -> JobReque
         profile=profile,
         skus=(sku,) if sku else (),
         region=region,
+        count=count,
     )
 
 
@@ -74,6 +76,36 @@ def placement_for_train(
     ``wait_s`` seconds. Still no room: the submission is withdrawn and NoCapacityError
     raised, so the flow fails like an empty fleet did before (its task retries re-ask).
     """
+    (binding,) = gang_placement(
+        cluster,
+        device,
+        job_id,
+        1,
+        priority=priority,
+        preempt=preempt,
+        wait_s=wait_s,
+        poll_s=poll_s,
+        train=train,
+        config=config,
+    )
+    return binding
+
+
+def gang_placement(
+    cluster: Any,
+    device: Any,
+    job_id: str,
+    count: int,
+    *,
+    priority: int = 0,
+    preempt: bool = False,
+    wait_s: float = 0.0,
+    poll_s: float = 2.0,
+    train: dict[str, Any] | None = None,
+    config: SchedulerConfig | None = None,
+) -> list:  # -> list[tasks.training.binding.Binding], the primary first
+    """placement_for_train for ``count`` units: a homogeneous gang, one Binding per unit
+    (the scheduler's gang placement: same SKU and kind, all or none)."""
     from gpuflow.tasks.training.binding import Binding, _sku_or_none, torch_device_for
 
     service = SchedulerService.for_cluster(cluster, config)
@@ -86,9 +118,13 @@ def placement_for_train(
         )
     if record is None or record.state in ("finished", "failed"):
         if getattr(device, "resource_id", None):
+            if count != 1:
+                raise InvalidRequestError(
+                    f"job {job_id!r}: a gang of {count} cannot be pinned to one resource id"
+                )
             request = _pinned_request(service, device, job_id, priority)
         else:
-            request = request_from_device(device, job_id, priority)
+            request = request_from_device(device, job_id, priority, count)
         service.submit(request, train=train)
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
@@ -97,28 +133,33 @@ def placement_for_train(
             break
         if time.monotonic() + poll_s > deadline:
             service.cancel(job_id)
+            what = request_from_device(device, job_id, priority, count).describe()
             raise NoCapacityError(
-                f"no room for job {job_id!r} ({request_from_device(device, job_id, priority).describe()}) "
-                f"within {wait_s:g} s: "
+                f"no room for job {job_id!r} ({what}) within {wait_s:g} s: "
                 "every matching unit is leased, cordoned or unhealthy; submit it to the queue "
                 "(`gpuflow schedule submit`) to wait its turn"
             )
         time.sleep(poll_s)
-    primary = placement.resource_ids[0]
-    resource = inventory.resource(primary)
-    lease = inventory.lease(primary)
     attempt = inventory.job(job_id).attempt
-    if lease is None or lease.owner != job_id or lease.attempt != attempt:
-        raise NoCapacityError(
-            f"job {job_id!r} lost its lease on {primary} right after placement (attempt {attempt})"
+    bindings = []
+    for resource_id in placement.resource_ids:
+        resource = inventory.resource(resource_id)
+        lease = inventory.lease(resource_id)
+        if lease is None or lease.owner != job_id or lease.attempt != attempt:
+            raise NoCapacityError(
+                f"job {job_id!r} lost its lease on {resource_id} right after placement "
+                f"(attempt {attempt})"
+            )
+        bindings.append(
+            Binding(
+                resource,
+                lease,
+                _sku_or_none(resource.sku),
+                torch_device_for(service.backend),
+                service.backend.name,
+            )
         )
-    return Binding(
-        resource,
-        lease,
-        _sku_or_none(resource.sku),
-        torch_device_for(service.backend),
-        service.backend.name,
-    )
+    return bindings
 
 
 def release_placement(
@@ -140,6 +181,9 @@ def release_placement(
 
 placement_for_train_task = task(
     placement_for_train, name="place-job", retries=3, retry_delay_seconds=5, cache_policy=NONE
+)
+gang_placement_task = task(
+    gang_placement, name="place-gang", retries=3, retry_delay_seconds=5, cache_policy=NONE
 )
 release_placement_task = task(
     release_placement, name="release-placement", retries=3, retry_delay_seconds=2, cache_policy=NONE

@@ -108,11 +108,19 @@ class FencedControl:
     "checkpointing" (compare-and-swap on the attempt), and nothing is answered once the
     attempt's lease is lost."""
 
-    def __init__(self, inventory: Any, job_id: str, attempt: int, keeper: LeaseKeeper) -> None:
+    def __init__(
+        self, inventory: Any, job_id: str, attempt: int, keeper: LeaseKeeper | None
+    ) -> None:
+        # keeper None: a gang's rank 0, whose leases its launcher keeps (the fencing token
+        # in every checkpoint still refuses a stale attempt's writes).
         self.inventory, self.job_id, self.attempt, self.keeper = inventory, job_id, attempt, keeper
 
+    def _check(self) -> None:
+        if self.keeper is not None:
+            self.keeper.check()
+
     def poll_control(self, job_id: str) -> Any | None:
-        self.keeper.check()
+        self._check()
         request = self.inventory.poll_control(job_id)
         if request is not None and request.action == CHECKPOINT_AND_STOP:
             self.inventory.transition_job(
@@ -121,7 +129,7 @@ class FencedControl:
         return request
 
     def ack_control(self, request_id: Any, checkpoint_id: str) -> Any:
-        self.keeper.check()
+        self._check()
         return self.inventory.ack_control(request_id, checkpoint_id)
 
 

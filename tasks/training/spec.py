@@ -36,6 +36,12 @@ class TrainSpec(BaseModel):
     seed: int = Field(default=0, ge=0)
     eval_batches: int = Field(default=8, ge=1)
     log_every: int = Field(default=10, ge=1)
+    # A gang (tasks/training/distributed/): how many units train as ranks, how often the
+    # elastic agent restarts a failed gang from its last checkpoint, and the collective
+    # backend (default: chosen from the leased devices).
+    gpus: int = Field(default=1, ge=1, le=64, description="Ranks: one per leased unit.")
+    max_restarts: int = Field(default=1, ge=0, le=100)
+    backend: Literal["gloo", "nccl"] | None = None
 
     @field_validator("job_id")
     @classmethod

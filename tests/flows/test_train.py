@@ -158,3 +158,25 @@ def test_compare_precision_puts_speedup_and_delta_on_parent(tmp_path) -> None:
     assert all(
         "speedup" in c.data.metrics and "convergence_delta" in c.data.metrics for c in children
     )
+
+
+def test_a_gang_trains_as_two_ranks_on_the_two_units_it_leased(tmp_path) -> None:
+    """`gpuflow train --gpus 2` as the flow runs it: two rank processes (torchelastic's
+    agent, gloo, DDP), DCP checkpoints under the manifest, the units on the MLflow run."""
+    storage = CheckpointStorage(path=str(tmp_path / "ckpt"))
+    spec = _spec("flow-gang", steps=10, batch_size=4, precision="fp32", gpus=2)
+    out = train(spec, device=DeviceRequest(sku="a100-40gb"), storage=storage, log_model=False)
+    assert out["steps_done"] == 10
+    run = _run(out["run_id"])
+    assert run.data.params["world_size"] == "2" and run.data.params["backend"] == "gloo"
+    units = run.data.tags["gpuflow.resource_ids"].split(",")
+    assert len(set(units)) == 2
+    history = mlflow.MlflowClient(tracking_uri()).get_metric_history(out["run_id"], "loss")
+    assert [m.step for m in history] == list(range(1, 11))  # rank 0 alone logs
+    manager = CheckpointManager(open_store(storage), "flow-gang")
+    (newest, manifest), *_ = manager.committed()
+    assert newest == "step-000000010" and manifest["layout"] == "dcp"
+    inventory = Inventory()
+    assert inventory.leases(owner="flow-gang") == []
+    record = inventory.job("flow-gang")
+    assert record.state == "finished" and sorted(record.resource_ids) == sorted(units)

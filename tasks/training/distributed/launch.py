@@ -61,6 +61,7 @@ def run_gang(
     max_restarts: int = 0,
     backend: str | None = None,
     threads_per_rank: int = 1,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """Train ``spec`` as one rank per unit; returns rank 0's result (with ``ranks``)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -91,6 +92,7 @@ def run_gang(
         str(staging),
         attempt,
         threads_per_rank,
+        run_id,
     )
     try:
         results = elastic_launch(config, rank_main)(*args)

@@ -27,6 +27,7 @@ def rank_main(
     staging: str,
     attempt: int,
     threads: int = 1,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     units = decode_plan(plan_json)
     rank = int(os.environ["RANK"])
@@ -49,8 +50,10 @@ def rank_main(
         inventory = control = None
         if rank == 0 and inventory_url:
             from gpuflow.hardware.inventory import Inventory
+            from gpuflow.tasks.training.job import FencedControl
 
-            inventory = control = Inventory(inventory_url)
+            inventory = Inventory(inventory_url)
+            control = FencedControl(inventory, spec.job_id, attempt, None)
 
         def committed(cid: str, step: int) -> None:
             if inventory is not None:
@@ -59,6 +62,16 @@ def rank_main(
                 )
 
         hooks = [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in step_observers]
+        metrics = None
+        if rank == 0 and run_id:
+            from gpuflow.tasks.tracking import StepMetricsLogger
+
+            metrics = StepMetricsLogger(run_id)
+            hooks.append(
+                lambda info: metrics.log(
+                    info.step, {"loss": info.loss, "samples_per_s": info.samples_per_s}
+                )
+            )
         result = train_loop(
             spec,
             open_store(storage),
@@ -69,6 +82,8 @@ def rank_main(
             fencing_token=fencing_token,
             parallel=parallel,
         )
+        if metrics is not None:
+            metrics.flush()
         out = result.to_dict()
         out.update(rank=rank, world_size=parallel.world_size, resource_id=unit.resource_id)
         return out
