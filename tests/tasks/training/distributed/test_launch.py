@@ -83,13 +83,12 @@ def test_two_ranks_train_the_global_batch_as_one_process_would(reference, tmp_pa
 
 
 def test_a_two_rank_checkpoint_resumes_on_three_ranks_and_on_one(reference, tmp_path) -> None:
-    half = tmp_path / "half"
-    first = _gang(half, 10, 2)
-    assert first["steps_done"] == 10
     ref = _weights(reference, 20)
     for ranks in (3, 1):
+        # The reference run as it stood at step 10: its step-10 checkpoint, the newest.
         root = tmp_path / f"on-{ranks}"
-        shutil.copytree(half, root)
+        shutil.copytree(reference, root)
+        shutil.rmtree(root / "ck" / JOB / "step-000000020")
         out = _gang(root, 20, ranks)
         assert out["resumed_from_step"] == 10 and out["steps_done"] == 20
         assert out["world_size"] == ranks
