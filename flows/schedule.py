@@ -64,7 +64,7 @@ def schedule(
             break
         for job_id in report["to_start"]:
             if mode == "deployment":
-                receipt = launch_placed_task(cluster, job_id, deployments, cluster_block)
+                receipt = launch_placed_task(cluster, job_id, deployments, cluster_block, storage)
                 launched[job_id] = receipt.get("flow_run_id", "")
                 continue
             receipt = run_placed_task(cluster, job_id, inline, cluster_block)

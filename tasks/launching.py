@@ -28,6 +28,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.hardware.backend import HardwareError
 from gpuflow.tasks.worker_queues import queue_for_node
 
@@ -94,6 +95,14 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def launch(self, order: LaunchOrder) -> LaunchReceipt:
         """Start ``order``; starting an attempt that already started starts nothing."""
+
+
+def storage_fields(storage: CheckpointStorage) -> dict[str, Any]:
+    """The storage's fields without credentials. An access key without its secret is
+    refused by CheckpointStorage, so both go: a storage rebuilt from these falls back to
+    boto3's credential chain (save the storage as a block to keep explicit keys)."""
+    hidden = {"secret_access_key", "access_key_id", "block_type_slug"}
+    return storage.model_dump(exclude=hidden)
 
 
 def deployment_target(name: str) -> tuple[bool, bool]:

@@ -43,6 +43,7 @@ from gpuflow.tasks.launching import (
     LaunchError,
     LaunchOrder,
     LaunchReceipt,
+    storage_fields,
 )
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, bind_held_lease
 from gpuflow.tasks.training.loop import StepInfo, TrainResult
@@ -66,14 +67,6 @@ def storage_record(storage: CheckpointStorage) -> dict[str, Any]:
     if name:
         return {"block": name}
     return {"fields": storage_fields(storage)}
-
-
-def storage_fields(storage: CheckpointStorage) -> dict[str, Any]:
-    """The storage's fields without credentials. An access key without its secret is
-    refused by CheckpointStorage, so both go: a storage rebuilt from these falls back to
-    boto3's credential chain (save the storage as a block to keep explicit keys)."""
-    hidden = {"secret_access_key", "access_key_id", "block_type_slug"}
-    return storage.model_dump(exclude=hidden)
 
 
 def storage_from_record(record: dict[str, Any]) -> CheckpointStorage:

@@ -18,6 +18,7 @@ from gpuflow.tasks.launching import (
     LaunchOrder,
     LaunchReceipt,
     deployment_target,
+    storage_fields,
 )
 from gpuflow.tasks.scheduling.model import SchedulerConfig
 from gpuflow.tasks.scheduling.service import SchedulerService
@@ -50,8 +51,12 @@ def resolve_launch(mode: str, deployment: str) -> str:
     return "deployment" if exists else "in-process"
 
 
-def launch_order(cluster: Any, job_id: str, cluster_block: str | None) -> LaunchOrder:
-    """The order to start a placed job's current attempt where the pass placed it."""
+def launch_order(
+    cluster: Any, job_id: str, cluster_block: str | None, storage: Any = None
+) -> LaunchOrder:
+    """The order to start a placed job's current attempt where the pass placed it, with
+    the schedule flow's checkpoint storage (its non-secret fields: a worker on another
+    host writes where the job's checkpoints are, not to its own disk)."""
     service = SchedulerService.for_cluster(cluster)
     record = service.inventory.job(job_id)
     if not record.resource_ids:
@@ -69,13 +74,18 @@ def launch_order(cluster: Any, job_id: str, cluster_block: str | None) -> Launch
             "spec": {**train, "job_id": job_id},
             "device": {"resource_id": primary},
             "cluster_block": cluster_block,
+            "storage": storage_fields(storage) if storage is not None else None,
         },
         job_variables={k: v for k, v in env.items() if k != "pods"},
     )
 
 
 def launch_placed(
-    cluster: Any, job_id: str, launcher: Launcher, cluster_block: str | None = None
+    cluster: Any,
+    job_id: str,
+    launcher: Launcher,
+    cluster_block: str | None = None,
+    storage: Any = None,
 ) -> dict[str, Any]:
     """Start a job the pass placed with ``launcher``; returns the receipt as a dict.
 
@@ -84,7 +94,7 @@ def launch_placed(
     asked even when the attempt was already launching, a retry after a lost answer: its
     idempotency key makes that the same flow run.
     """
-    order = launch_order(cluster, job_id, cluster_block)
+    order = launch_order(cluster, job_id, cluster_block, storage)
     first = SchedulerService.for_cluster(cluster).inventory.mark_launching(job_id, order.attempt)
     if not first and not isinstance(launcher, DeploymentLauncher):
         return LaunchReceipt(launcher.name, job_id, order.attempt, started=False).to_dict()

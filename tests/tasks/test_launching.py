@@ -4,6 +4,8 @@ whoever asks and however often, on a real Prefect server with the real `train` d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.launching import DeploymentLauncher, LaunchError, LaunchOrder, idempotency_key
@@ -13,12 +15,20 @@ from tests.tasks.remediation.helpers import A100, make_cluster, small_spec
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
-@pytest.fixture(scope="module")
-def train_deployment(prefect_server: None) -> str:
-    from gpuflow.flows.train import train
+# Not "train/train": the session's other tests must not find a `train` deployment (the
+# schedule flow would launch through it). Deleted again after this module.
+DEPLOYMENT = "launch-test"
 
-    train.to_deployment(name="train").apply()
-    return "train/train"
+
+@pytest.fixture(scope="module")
+def train_deployment(prefect_server: None) -> Iterator[str]:
+    from gpuflow.flows.train import train
+    from prefect.client.orchestration import get_client
+
+    deployment_id = train.to_deployment(name=DEPLOYMENT).apply()
+    yield f"train/{DEPLOYMENT}"
+    with get_client(sync_client=True) as client:
+        client.delete_deployment(deployment_id)
 
 
 def _train_runs(job_id: str) -> list:
@@ -27,7 +37,7 @@ def _train_runs(job_id: str) -> list:
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["train"]))
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[DEPLOYMENT]))
         )
     return [r for r in runs if (r.parameters.get("spec") or {}).get("job_id") == job_id]
 
@@ -79,7 +89,14 @@ def test_a_second_signal_while_a_relaunch_is_in_flight_relaunches_nothing_more(
     inv.record_job("sig", {"device": {}}, "running", [res.resource_id])
     spec = small_spec("sig")
     storage = CheckpointStorage(path=str(tmp_path / "ck"))
-    remember_launch(inv, spec, storage, DeviceRequest(sku=A100), launcher="deployment")
+    remember_launch(
+        inv,
+        spec,
+        storage,
+        DeviceRequest(sku=A100),
+        launcher="deployment",
+        deployment=train_deployment,
+    )
     device = inv.device(res.node, res.device_index)
     policy = RemediationPolicy(checkpoint_timeout_s=0.2, release_grace_s=0.2)
 
