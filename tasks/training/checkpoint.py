@@ -24,8 +24,6 @@ import json
 import logging
 import re
 import secrets
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 
 import torch
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.tasks.training.hashing import HashingWriter, hash_pool, sha256_of
 from gpuflow.tasks.training.storage import (
     CheckpointStore,
     ObjectNotFoundError,
@@ -49,9 +48,6 @@ MANIFEST_FORMAT = 1
 LAYOUT_TORCH, LAYOUT_DCP = "torch", "dcp"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _CHECKPOINT_ID = re.compile(r"^step-(\d{9,})$")
-# Chunks at least this big are hashed on a helper thread while the caller writes them:
-# hashlib and file writes both release the GIL, so hashing costs (almost) no wall time.
-_OVERLAP_MIN_BYTES = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -111,56 +107,6 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     for name, tensor in model.state_dict().items():
         digest.update(f"|{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
     return digest.hexdigest()
-
-
-_HASH_POOL: ThreadPoolExecutor | None = None
-_HASH_POOL_LOCK = threading.Lock()
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    """One small pool for the whole process (not one per manager: no thread leak)."""
-    global _HASH_POOL
-    with _HASH_POOL_LOCK:
-        if _HASH_POOL is None:
-            _HASH_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-hash")
-        return _HASH_POOL
-
-
-class _HashingWriter:
-    """File-like sink for torch.save: hashes and counts every byte on its way out."""
-
-    def __init__(self, target: Any, pool: ThreadPoolExecutor) -> None:
-        self._target = target
-        self._pool = pool
-        self.sha256 = hashlib.sha256()
-        self.size_bytes = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        size = view.nbytes
-        if size >= _OVERLAP_MIN_BYTES:
-            hashing = self._pool.submit(self.sha256.update, view)
-            try:
-                _write_fully(self._target, view)
-            finally:
-                hashing.result()
-        else:
-            self.sha256.update(view)
-            _write_fully(self._target, view)
-        self.size_bytes += size
-        return size
-
-    def flush(self) -> None:
-        self._target.flush()
-
-
-def _write_fully(target: Any, view: memoryview) -> None:
-    # Raw (unbuffered) files may write less than asked.
-    while view.nbytes:
-        written = target.write(view)
-        if written is None:  # buffered writers that return nothing wrote everything
-            return
-        view = view[written:]
 
 
 def _json_ready(meta: dict[str, Any]) -> dict[str, Any]:
@@ -285,7 +231,7 @@ class CheckpointManager:
                 torch_serialization_config.patch({"save.compute_crc32": False}),
                 self.store.open_write(self._key(checkpoint_id, file_name)) as handle,
             ):
-                writer = _HashingWriter(handle, _hash_pool())
+                writer = HashingWriter(handle, hash_pool())
                 torch.save(value, writer)
             files[name] = {
                 "file": file_name,
@@ -316,7 +262,7 @@ class CheckpointManager:
         files: dict[str, dict[str, Any]] = {}
         for index, (name, path) in enumerate(sorted(paths.items())):
             file_name = f"part{index:04d}.{nonce}.bin"
-            digest, size = _sha256_of(path)
+            digest, size = sha256_of(path)
             self.store.put_file(self._key(checkpoint_id, file_name), path)
             files[name] = {"file": file_name, "sha256": digest, "size_bytes": size}
         return self._commit(checkpoint_id, step, files, meta, fingerprint, LAYOUT_DCP)
@@ -339,7 +285,7 @@ class CheckpointManager:
                 self.store.get_file(self._key(checkpoint_id, str(entry["file"])), target)
             except ObjectNotFoundError:
                 raise CheckpointCorruptError(f"{where}: file {entry['file']} is missing") from None
-            digest, size = _sha256_of(target)
+            digest, size = sha256_of(target)
             if size != entry["size_bytes"] or digest != entry["sha256"]:
                 raise CheckpointCorruptError(
                     f"{where}: file {entry['file']} does not match its manifest entry"
@@ -603,15 +549,6 @@ class CheckpointManager:
             state=state,
             manifest=manifest,
         )
-
-
-def _sha256_of(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def _step_of(checkpoint_id: str) -> int:
