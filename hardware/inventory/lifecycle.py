@@ -28,7 +28,7 @@ from gpuflow.hardware.inventory.records import (
     JobRecord,
     JobState,
 )
-from sqlalchemy import Connection, Row, update
+from sqlalchemy import Connection, Row, delete, update
 
 Q, P, LA, R, C, S, F, X, LO = (
     JobState.QUEUED,
@@ -116,7 +116,8 @@ class LifecycleMixin(JobsMixin):
         A job at another attempt raises JobConflictError (someone placed it first). A job
         whose earlier attempt is still active is refused (IllegalTransitionError) unless
         ``supersede``: the caller holds the leases the old attempt ran on, so it is gone;
-        it is marked lost and placed anew, in one transaction.
+        it is marked lost, the leases it still has are ended (its runner's next renewal
+        fails) and it is placed anew, in one transaction.
         """
         check_name(job_id, "job id")
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
@@ -134,6 +135,12 @@ class LifecycleMixin(JobsMixin):
                         job_id, state, P, tuple(str(s) for s in TRANSITIONS[state])
                     )
                 self._cas(conn, row, LO, {}, {"superseded_at_s": self._clock()})
+                # Its leases go with it: they would keep devices from everyone, and its
+                # runner's renewals alive, until someone else noticed.
+                leases = schema.leases
+                conn.execute(
+                    delete(leases).where(leases.c.owner == job_id, leases.c.attempt == row.attempt)
+                )
                 row = self._job_row(conn, job_id)
             return self._cas(conn, row, P, values, extra)
 

@@ -38,6 +38,7 @@ from typing import Any
 from gpuflow.hardware.backend import HardwareError, InvalidRequestError, PartitionRequest
 from gpuflow.hardware.inventory import (
     ACTIVE_STATES,
+    JobConflictError,
     JobRecord,
     JobState,
     JobTransitionError,
@@ -166,6 +167,10 @@ class SchedulerService(ReapMixin):
         if job.state in (QUEUED, RESERVED):
             engine.cancel(job_id, self._now())
             self._sync_leases(job, PassReport())
+            for lease in [x for x in self._stale if x.owner == job_id]:
+                # Taken for another attempt (remediation's target for the next one): a
+                # cancelled job holds nothing, not even until the next pass.
+                self.inventory.release_lease(lease.resource_id, job_id, attempt=lease.attempt)
             self._write(job_id, "failed", phase=CANCELLED, reason="cancelled")
             return CANCELLED
         request_id = self.inventory.request_control(job_id, STOP)
@@ -419,19 +424,30 @@ class SchedulerService(ReapMixin):
     ) -> None:
         """The runner's report: finished (or failed) ends the job and gives back its leases;
         a stop on request is left for the next pass, which re-queues it. With ``attempt``
-        only that attempt may report (JobConflictError for a stale one, nothing written)."""
+        only that attempt, while it is live, may report (JobConflictError for a stale or
+        requeued one, nothing written)."""
         record = self.inventory.job(job_id)
         if stopped_by_request:
             return
         if attempt is not None and record.attempt != attempt:
             self.inventory.transition_job(job_id, expect_attempt=attempt)  # raises, names both
+        end = JobState.FINISHED if ok else JobState.FAILED
+        if attempt is not None and record.state not in (*ACTIVE_STATES, end):
+            # Requeued (lost, stopped) under the same number: that attempt is over, and its
+            # late report must not end the job that now waits to resume.
+            raise JobConflictError(
+                job_id, f"attempt {attempt} live", f"{record.state} at attempt {attempt}", str(end)
+            )
         for lease in self.inventory.leases(owner=job_id):
             if attempt is None or lease.attempt == attempt:
                 self.inventory.release_lease(lease.resource_id, job_id, attempt=lease.attempt)
+        if attempt is not None and record.state == JobState.FAILED:
+            return  # ended already (cancelled, or this report retried): how it ended stands
         s = self._sched(record)
         self.inventory.transition_job(
             job_id,
-            JobState.FINISHED if ok else JobState.FAILED,
+            end,
+            expect_state=record.state if attempt is not None else None,
             expect_attempt=record.attempt,
             sched={**s, "phase": FINISHED if ok else FAILED},
         )
