@@ -226,15 +226,18 @@ def after_migration(job: JobOnDevice, ck: CheckpointOutcome, mig: MigrateOutcome
     if mig.status == "resumed":
         detail = f"on {mig.target} from {ck.checkpoint_id or 'scratch'} (step {ck.step or 0})"
         entry = Entry(L.JOB_RESUMED, detail, job.job_id)
+    elif mig.status == "ended":
+        entry = Entry(L.JOB_ENDED, mig.detail, job.job_id)
     else:
         entry = Entry(L.JOB_QUEUED, f"checkpointed and queued: {mig.detail}", job.job_id)
     return JobStep(outcome, [entry])
 
 
 def final_status(outcomes: Mapping[str, Mapping[str, Any]]) -> Literal["waiting", "done"]:
-    """Done when every job runs elsewhere (or there was none); else some job waits for
-    capacity: kept running in place, or checkpointed and queued."""
-    return "waiting" if any(o["status"] != "resumed" for o in outcomes.values()) else "done"
+    """Done when every job runs elsewhere, or ended meanwhile (or there was none); else
+    some job waits for capacity: kept running in place, or checkpointed and queued."""
+    settled = ("resumed", "ended")
+    return "waiting" if any(o["status"] not in settled for o in outcomes.values()) else "done"
 
 
 # -- a failed step ------------------------------------------------------------------------

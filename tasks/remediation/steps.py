@@ -397,7 +397,7 @@ def _device_uuid_of(inventory: Inventory, job: JobOnDevice) -> str:
 @dataclass
 class MigrateOutcome:
     job_id: str
-    status: str  # resumed | queued | in-place
+    status: str  # resumed | queued | in-place | ended
     target: str | None = None  # node:index
     resource_id: str | None = None
     checkpoint_id: str | None = None
@@ -426,6 +426,12 @@ def migrate_job(
         job.job_id, "queued", checkpoint_id=checkpoint.checkpoint_id, step=checkpoint.step
     )
     current = inventory.job(job.job_id)
+    if current.state in (JobState.FINISHED, JobState.FAILED):
+        # It ended while we moved it (cancelled, or finished before it stopped): starting
+        # it again would bring back a job its owner ended.
+        release_reservation(inventory, job.job_id, binding)
+        out.status, out.detail = "ended", f"the job is {current.state} (ended meanwhile)"
+        return out
     if current.state in ACTIVE_STATES and job.resource_id not in current.resource_ids:
         res = inventory.resource(current.resource_ids[0]) if current.resource_ids else None
         if binding is not None and binding.resource.resource_id not in current.resource_ids:

@@ -238,3 +238,21 @@ def test_two_launchers_of_one_attempt_start_it_once(cluster, tmp_path) -> None:
     assert runners[1].handle("twice") is None or not runners[1].handle("twice").segments
     handle = runners[0].handle("twice")
     assert handle.wait(60) and handle.finished and len(handle.segments) == 1
+
+
+def test_a_job_cancelled_while_remediation_moves_it_is_not_started_again(cluster, tmp_path) -> None:
+    """Found by the lifecycle state machine: checkpoint -> (the owner cancels) -> migrate
+    used to place the cancelled job again and start it."""
+    from gpuflow.tasks.remediation.steps import reserve_target
+
+    service, job = _placed_scheduled_job(cluster, tmp_path, "cancelled", "in-process")
+    inv = service.inventory
+    policy = RemediationPolicy(checkpoint_timeout_s=0.2, release_grace_s=0.2)
+    ck = checkpoint_job(inv, job, device_present=True, policy=policy, incident_id="inc-c")
+    reservation = reserve_target(inv, cluster.get_backend(), job)
+    assert reservation is not None
+    service.cancel("cancelled")
+    out = migrate_job(cluster, job, ck, reservation)
+    assert out.status == "ended" and "failed" in out.detail
+    record = inv.job("cancelled")
+    assert record.state == "failed" and inv.leases(owner="cancelled") == []
