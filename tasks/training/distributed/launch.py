@@ -62,8 +62,12 @@ def run_gang(
     backend: str | None = None,
     threads_per_rank: int = 1,
     run_id: str | None = None,
+    record: bool = False,
 ) -> dict[str, Any]:
-    """Train ``spec`` as one rank per unit; returns rank 0's result (with ``ranks``)."""
+    """Train ``spec`` as one rank per unit; returns rank 0's result (with ``ranks``).
+
+    ``record``: each rank's result also holds its losses and checkpoint stalls (worker.py).
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -93,6 +97,7 @@ def run_gang(
         attempt,
         threads_per_rank,
         run_id,
+        record,
     )
     try:
         results = elastic_launch(config, rank_main)(*args)

@@ -5,12 +5,15 @@ the gang's backend, and runs the project's training loop with DataParallel. Rank
 reads the control channel, acknowledges requests, reports committed checkpoints to the
 inventory and runs the step observers (a progress bar, a test's step gate); every rank
 acts on rank 0's decisions. Returns the loop's result as a dict (the agent collects one
-per rank).
+per rank). With ``record`` (``gpuflow bench distributed``) a rank's result also carries what
+a benchmark cannot see from outside: rank 0's per-step losses and start-up time, and every
+rank's checkpoint stalls.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ def rank_main(
     attempt: int,
     threads: int = 1,
     run_id: str | None = None,
+    record: bool = False,
 ) -> dict[str, Any]:
     units = decode_plan(plan_json)
     rank = int(os.environ["RANK"])
@@ -72,6 +76,10 @@ def rank_main(
                     info.step, {"loss": info.loss, "samples_per_s": info.samples_per_s}
                 )
             )
+        recorder = RankRecorder(parallel) if record else None
+        if recorder is not None and rank == 0:
+            hooks.append(recorder.step)
+        started = time.perf_counter()
         result = train_loop(
             spec,
             open_store(storage),
@@ -86,9 +94,44 @@ def rank_main(
             metrics.flush()
         out = result.to_dict()
         out.update(rank=rank, world_size=parallel.world_size, resource_id=unit.resource_id)
+        if recorder is not None:
+            out.update(recorder.figures(started))
         return out
     finally:
         dist.destroy_process_group()
+
+
+class RankRecorder:
+    """What ``record=True`` adds to a rank's result: ``losses`` (rank 0: the global batch's
+    loss after each step), ``to_first_step_s`` (rank 0: from train_loop's call to its first
+    step, that step's own time left out: build, restore, wrap) and ``checkpoint_stalls_s``
+    (DcpCheckpointer.stalls_s: how long each save held this rank up)."""
+
+    def __init__(self, parallel: Any) -> None:
+        self.losses: list[float] = []
+        self.first_step_at: float | None = None
+        self.first_step_s = 0.0
+        self.checkpointers: list[Any] = []
+        build = parallel.checkpointer
+
+        # train_loop builds its checkpointer inside; keeping it is the only way to its stalls.
+        def keep(*args: Any, **kwargs: Any) -> Any:
+            self.checkpointers.append(build(*args, **kwargs))
+            return self.checkpointers[-1]
+
+        parallel.checkpointer = keep
+
+    def step(self, info: Any) -> None:  # a StepInfo
+        if self.first_step_at is None:
+            self.first_step_at, self.first_step_s = time.perf_counter(), info.step_time_s
+        self.losses.append(info.loss)
+
+    def figures(self, started: float) -> dict[str, Any]:
+        first = None
+        if self.first_step_at is not None:
+            first = self.first_step_at - started - self.first_step_s
+        stalls = [s for c in self.checkpointers for s in getattr(c, "stalls_s", [])]
+        return {"losses": self.losses, "to_first_step_s": first, "checkpoint_stalls_s": stalls}
 
 
 def _round_store() -> Any:
