@@ -25,7 +25,6 @@ from gpuflow.hardware.inventory.records import (
     DeviceRecord,
     Lease,
     NodeRecord,
-    PartitionRecord,
 )
 from sqlalchemy import Connection, Engine, Row, and_, case, insert, or_, select, update
 
@@ -108,21 +107,6 @@ def device_record(row: Row[Any]) -> DeviceRecord:
         telemetry=row.telemetry,
         telemetry_at_s=row.telemetry_at,
         last_seen_s=row.last_seen,
-    )
-
-
-def partition_record(prow: Row[Any], drow: Row[Any]) -> PartitionRecord:
-    return PartitionRecord(
-        uuid=prow.uuid,
-        node=drow.node,
-        device_index=drow.device_index,
-        device_uuid=drow.uuid,
-        profile=prow.profile,
-        kind=prow.kind,
-        memory_mb=prow.memory_mb,
-        compute_units=prow.compute_units,
-        placement_start=prow.placement_start,
-        placement_size=prow.placement_size,
     )
 
 

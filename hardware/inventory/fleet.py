@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError, TelemetrySample
@@ -12,13 +13,13 @@ from gpuflow.hardware.inventory.base import (
     check_name,
     device_record,
     node_record,
-    partition_record,
 )
 from gpuflow.hardware.inventory.records import (
     NODE_ROLES,
     RESOURCE_KINDS,
     Cordon,
     DeviceRecord,
+    DeviceSlot,
     NodeRecord,
     PartitionRecord,
     Resource,
@@ -62,6 +63,39 @@ class FleetMixin(StoreBase):
                 query = query.where(d.c.present == bool(present))
             return [device_record(r) for r in conn.execute(query)]
 
+    @staticmethod
+    def _device_slots(conn: Connection) -> list[DeviceSlot]:
+        """Present devices by node and index, as placements see them (no telemetry: most
+        of a monitored device's row, and nothing a placement decides on)."""
+        d = schema.devices
+        query = (
+            select(
+                d.c.node,
+                d.c.device_index,
+                d.c.uuid,
+                d.c.vendor,
+                d.c.sku,
+                d.c.memory_total_mb,
+                d.c.partition_kinds,
+                d.c.healthy,
+            )
+            .where(d.c.present == True)  # noqa: E712
+            .order_by(d.c.node, d.c.device_index)
+        )
+        return [
+            DeviceSlot(
+                r.node,
+                r.device_index,
+                r.uuid,
+                r.vendor,
+                r.sku,
+                r.memory_total_mb,
+                tuple(k for k in r.partition_kinds.split(",") if k),
+                bool(r.healthy),
+            )
+            for r in conn.execute(query)
+        ]
+
     def device(self, node: str, index: int) -> DeviceRecord:
         """The device at node:index (the present one, else the one last seen there)."""
         with self._read() as conn:
@@ -71,19 +105,40 @@ class FleetMixin(StoreBase):
         self, node: str | None = None, index: int | None = None
     ) -> list[PartitionRecord]:
         """Partitions recorded, by node, device and placement; optionally of one node/device."""
-        d, p = schema.devices, schema.partitions
+        d = schema.devices
         if index is not None and node is None:
             raise InvalidRequestError("partitions(index=...) needs the node as well")
         with self._read() as conn:
-            query = select(d)
+            where = []
             if node is not None:
                 self._node_row(conn, node)
-                query = query.where(d.c.node == node)
+                where.append(d.c.node == node)
             if index is not None:
-                query = query.where(d.c.uuid == self._device_row(conn, node, index).uuid)
-            owners = {r.uuid: r for r in conn.execute(query)}
-            rows = conn.execute(select(p).where(p.c.device_uuid.in_(list(owners))))
-            out = [partition_record(r, owners[r.device_uuid]) for r in rows]
+                where.append(d.c.uuid == self._device_row(conn, node, index).uuid)
+            return self._partition_records(conn, *where)
+
+    @staticmethod
+    def _partition_records(conn: Connection, *where: Any) -> list[PartitionRecord]:
+        """Partitions with their device's place (one join), by node, device and placement."""
+        d, p = schema.devices, schema.partitions
+        query = select(p, d.c.node.label("dev_node"), d.c.device_index.label("dev_index")).join(
+            d, d.c.uuid == p.c.device_uuid
+        )
+        out = [
+            PartitionRecord(
+                uuid=r.uuid,
+                node=r.dev_node,
+                device_index=r.dev_index,
+                device_uuid=r.device_uuid,
+                profile=r.profile,
+                kind=r.kind,
+                memory_mb=r.memory_mb,
+                compute_units=r.compute_units,
+                placement_start=r.placement_start,
+                placement_size=r.placement_size,
+            )
+            for r in conn.execute(query.where(*where))
+        ]
         out.sort(key=lambda r: (r.node, r.device_index, r.placement_start or 0, r.uuid))
         return out
 
@@ -193,13 +248,18 @@ class FleetMixin(StoreBase):
             return bool(self._cordon_rows(conn, node, row.uuid))
 
     def cordons(self) -> list[Cordon]:
-        c, d = schema.cordons, schema.devices
         with self._read() as conn:
-            index_of = {
-                r.uuid: r.device_index for r in conn.execute(select(d.c.uuid, d.c.device_index))
-            }
-            rows = conn.execute(select(c).order_by(c.c.node, c.c.id))
-            return [self._cordon_record(r, index_of.get(r.device_uuid)) for r in rows]
+            return self._cordon_records(conn)
+
+    @classmethod
+    def _cordon_records(cls, conn: Connection) -> list[Cordon]:
+        c, d = schema.cordons, schema.devices
+        rows = conn.execute(
+            select(c, d.c.device_index)
+            .select_from(c.outerjoin(d, d.c.uuid == c.c.device_uuid))
+            .order_by(c.c.node, c.c.id)
+        )
+        return [cls._cordon_record(r, r.device_index) for r in rows]
 
     # -- leasable resources --------------------------------------------------------------
     def free_resources(
@@ -235,13 +295,72 @@ class FleetMixin(StoreBase):
 
     def resource(self, resource_id: str) -> Resource:
         """The resource with this id, free or not."""
-        check_name(resource_id, "resource id")
+        return self.resources_by_id([resource_id])[0]
+
+    def resources_by_id(self, resource_ids: Sequence[str]) -> list[Resource]:
+        """The resources with these ids, in that order, free or not, from one read: a
+        handful of indexed look-ups, whatever the fleet's size (a placement asks this for
+        every unit it starts). An unknown id raises InvalidRequestError naming it."""
+        ids = [check_name(r, "resource id") for r in resource_ids]
+        if not ids:
+            return []
+        d_t, p_t, n_t, c_t = schema.devices, schema.partitions, schema.nodes, schema.cordons
         with self._read() as conn:
-            self._resolve(conn, resource_id)  # a clear error for an unknown id
-            for r in self._resources(conn, include_cordoned=True, free_only=False):
-                if r.resource_id == resource_id:
-                    return r
-        raise InvalidRequestError(f"resource {resource_id!r} is on an unknown node")
+            devs = {r.uuid: r for r in conn.execute(select(d_t).where(d_t.c.uuid.in_(ids)))}
+            rest = [r for r in ids if r not in devs]
+            parts = (
+                {r.uuid: r for r in conn.execute(select(p_t).where(p_t.c.uuid.in_(rest)))}
+                if rest
+                else {}
+            )
+            for rid in rest:
+                if rid not in parts:
+                    self._resolve(conn, rid)  # raises: unknown resource, named
+            owners = sorted({p.device_uuid for p in parts.values()} - set(devs))
+            if owners:
+                devs.update(
+                    (r.uuid, r) for r in conn.execute(select(d_t).where(d_t.c.uuid.in_(owners)))
+                )
+            names = sorted({r.node for r in devs.values()})
+            region = {
+                r.name: r.region
+                for r in conn.execute(select(n_t.c.name, n_t.c.region).where(n_t.c.name.in_(names)))
+            }
+            cordoned_nodes: set[str] = set()
+            cordoned_devices: set[str] = set()
+            for c in conn.execute(
+                select(c_t.c.node, c_t.c.device_uuid).where(
+                    c_t.c.node.in_(names) | c_t.c.device_uuid.in_(list(devs))
+                )
+            ):
+                if c.device_uuid == schema.NODE_CORDON:
+                    cordoned_nodes.add(c.node)
+                else:
+                    cordoned_devices.add(c.device_uuid)
+        out = []
+        for rid in ids:
+            p = parts.get(rid)
+            d = devs[rid] if p is None else devs[p.device_uuid]
+            if d.node not in region:
+                raise InvalidRequestError(f"resource {rid!r} is on an unknown node")
+            out.append(
+                Resource(
+                    resource_id=rid,
+                    kind="device" if p is None else p.kind,
+                    node=d.node,
+                    device_index=d.device_index,
+                    device_uuid=d.uuid,
+                    vendor=d.vendor,
+                    sku=d.sku,
+                    region=region[d.node],
+                    memory_mb=d.memory_total_mb if p is None else p.memory_mb,
+                    compute_units=None if p is None else p.compute_units,
+                    profile=None if p is None else p.profile,
+                    placement_start=None if p is None else p.placement_start,
+                    cordoned=d.node in cordoned_nodes or d.uuid in cordoned_devices,
+                )
+            )
+        return out
 
     def _resources(
         self, conn: Connection, *, include_cordoned: bool, free_only: bool

@@ -96,12 +96,18 @@ class JobsMixin(StoreBase):
 
     def jobs(self, state: str | None = None) -> list[JobRecord]:
         """Jobs, oldest first, optionally only those in ``state``."""
+        if state is not None:
+            check_choice(state, JOB_STATES, "job state")
+        with self._read() as conn:
+            return self._job_records(conn, state)
+
+    @staticmethod
+    def _job_records(conn: Connection, state: str | None = None) -> list[JobRecord]:
         j = schema.jobs
         query = select(j).order_by(j.c.created_at, j.c.job_id)
         if state is not None:
-            query = query.where(j.c.state == check_choice(state, JOB_STATES, "job state"))
-        with self._read() as conn:
-            return [job_record(r) for r in conn.execute(query)]
+            query = query.where(j.c.state == state)
+        return [job_record(r) for r in conn.execute(query)]
 
     @staticmethod
     def _job_row(conn: Connection, job_id: str) -> Row[Any]:

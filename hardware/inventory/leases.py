@@ -16,6 +16,7 @@ An older attempt can neither renew nor take back a lease a newer attempt holds.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuflow.hardware.inventory import schema
@@ -24,6 +25,7 @@ from gpuflow.hardware.inventory.base import (
     check_index,
     check_name,
     check_seconds,
+    lease_record,
     next_counter,
 )
 from gpuflow.hardware.inventory.engine import WRITE_ATTEMPTS
@@ -36,6 +38,12 @@ from gpuflow.hardware.inventory.records import (
 from sqlalchemy import Connection, Row, delete, insert, select, update
 
 FENCE_COUNTER = "fence"
+IN_CHUNK = 500  # ids per IN (...) list: well inside SQLite's and PostgreSQL's limits
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for i in range(0, len(ids), IN_CHUNK):
+        yield ids[i : i + IN_CHUNK]
 
 
 class _LostRace(Exception):
@@ -57,41 +65,46 @@ class LeaseMixin(StoreBase):
         absent, unhealthy, on a spare node, a device split into partitions, or a partition
         of a device leased whole; InvalidRequestError for an unknown id.
         """
-        check_name(resource_id, "resource id")
+        return self.acquire_leases([resource_id], owner, ttl_s, attempt=attempt)[0]
+
+    def acquire_leases(
+        self, resource_ids: Sequence[str], owner: str, ttl_s: float, *, attempt: int = 0
+    ) -> list[Lease]:
+        """acquire_lease for several resources in ONE transaction, all or none: the first
+        one that cannot be taken raises what acquire_lease would, and nothing is written."""
+        ids = [check_name(r, "resource id") for r in resource_ids]
         check_name(owner, "lease owner")
         ttl = check_seconds(ttl_s, "ttl_s")
         check_index(attempt, "lease attempt")
         for _ in range(WRITE_ATTEMPTS):
             try:
                 return self._write(
-                    lambda conn: self._acquire(conn, resource_id, owner, ttl, attempt)
+                    lambda conn: [self._acquire(conn, rid, owner, ttl, attempt) for rid in ids]
                 )
             except _LostRace:
                 continue
-        raise LeaseConflictError(resource_id, "<contended>", self._clock(), "lost every retry")
+        raise LeaseConflictError(ids[0], "<contended>", self._clock(), "lost every retry")
 
     def _acquire(
         self, conn: Connection, resource_id: str, owner: str, ttl: float, attempt: int
     ) -> Lease:
-        _kind, drow, prow = self._resolve(conn, resource_id)
+        kind, drow, prow = self._resolve(conn, resource_id)
         self._check_leasable(conn, resource_id, drow, prow)
         now = self._clock()
         l_t = schema.leases
         row = conn.execute(select(l_t).where(l_t.c.resource_id == resource_id)).first()
         if row is None:
+            values = {
+                "owner": owner,
+                "acquired_at": now,
+                "renewed_at": now,
+                "expires_at": now + ttl,
+                "attempt": attempt,
+                "token": next_counter(conn, FENCE_COUNTER),
+            }
             # A concurrent INSERT of the same id raises IntegrityError; run_write retries
             # the transaction, which then reads the winner's row and reports the conflict.
-            conn.execute(
-                insert(l_t).values(
-                    resource_id=resource_id,
-                    owner=owner,
-                    acquired_at=now,
-                    renewed_at=now,
-                    expires_at=now + ttl,
-                    attempt=attempt,
-                    token=next_counter(conn, FENCE_COUNTER),
-                )
-            )
+            conn.execute(insert(l_t).values(resource_id=resource_id, **values))
         else:
             live = row.expires_at > now
             if live and row.owner != owner:
@@ -104,6 +117,14 @@ class LeaseMixin(StoreBase):
                     f"held for attempt {row.attempt}; attempt {attempt} is stale",
                 )
             same = live and row.owner == owner and row.attempt == attempt
+            values = {
+                "owner": owner,
+                "acquired_at": row.acquired_at if same else now,
+                "renewed_at": now,
+                "expires_at": now + ttl,
+                "attempt": attempt,
+                "token": row.token if same else next_counter(conn, FENCE_COUNTER),
+            }
             result = conn.execute(
                 update(l_t)
                 .where(
@@ -112,18 +133,23 @@ class LeaseMixin(StoreBase):
                     l_t.c.attempt == row.attempt,
                     l_t.c.expires_at == row.expires_at,
                 )
-                .values(
-                    owner=owner,
-                    acquired_at=row.acquired_at if same else now,
-                    renewed_at=now,
-                    expires_at=now + ttl,
-                    attempt=attempt,
-                    token=row.token if same else next_counter(conn, FENCE_COUNTER),
-                )
+                .values(**values)
             )
             if result.rowcount != 1:
                 raise _LostRace()
-        return self._written_lease(conn, resource_id)
+        # What was just written, without reading it back (three statements per lease).
+        return Lease(
+            resource_id=resource_id,
+            owner=owner,
+            acquired_at_s=values["acquired_at"],
+            renewed_at_s=now,
+            expires_at_s=now + ttl,
+            kind=kind,
+            node=drow.node,
+            device_index=drow.device_index,
+            attempt=attempt,
+            token=int(values["token"]),
+        )
 
     def _check_leasable(
         self, conn: Connection, resource_id: str, drow: Row[Any], prow: Row[Any] | None
@@ -244,6 +270,51 @@ class LeaseMixin(StoreBase):
 
         return self._write(work)
 
+    def renew_leases_of(
+        self, renewals: Mapping[tuple[str, int], Sequence[str]], ttl_s: float
+    ) -> dict[tuple[str, int], int]:
+        """renew_leases for many (owner, attempt)s in ONE transaction of a few statements
+        (a scheduler pass renews every live job's leases: one commit, not one per job).
+        Returns, per (owner, attempt), how many of its leases were renewed."""
+        ttl = check_seconds(ttl_s, "ttl_s")
+        wanted: dict[str, set[tuple[str, int]]] = {}  # resource id -> who asks for it
+        for (owner, attempt), ids in renewals.items():
+            check_name(owner, "lease owner")
+            check_index(attempt, "lease attempt")
+            for rid in ids:
+                wanted.setdefault(check_name(rid, "resource id"), set()).add((owner, attempt))
+        counts = dict.fromkeys(renewals, 0)
+        if not wanted:
+            return counts
+        l_t = schema.leases
+
+        def work(conn: Connection) -> dict[tuple[str, int], int]:
+            now = self._clock()
+            out = dict(counts)
+            matched: list[str] = []
+            for chunk in _chunks(sorted(wanted)):
+                # Row locks (PostgreSQL; SQLite's write lock covers it) keep what we match
+                # here exactly what the UPDATE below extends.
+                rows = conn.execute(
+                    select(l_t.c.resource_id, l_t.c.owner, l_t.c.attempt)
+                    .where(l_t.c.resource_id.in_(chunk), l_t.c.expires_at > now)
+                    .with_for_update()
+                )
+                for r in rows:
+                    key = (r.owner, int(r.attempt))
+                    if key in wanted[r.resource_id]:
+                        matched.append(r.resource_id)
+                        out[key] += 1
+            for chunk in _chunks(matched):
+                conn.execute(
+                    update(l_t)
+                    .where(l_t.c.resource_id.in_(chunk), l_t.c.expires_at > now)
+                    .values(renewed_at=now, expires_at=now + ttl)
+                )
+            return out
+
+        return self._write(work)
+
     def release_lease(self, resource_id: str, owner: str, *, attempt: int | None = None) -> bool:
         """End ``owner``'s lease (expired or not; only ``attempt``'s, when given, so a
         stale attempt cannot end its successor's). True if one was ended; releasing again,
@@ -265,13 +336,46 @@ class LeaseMixin(StoreBase):
     def leases(self, owner: str | None = None, *, include_expired: bool = False) -> list[Lease]:
         """Unexpired leases (all of them with ``include_expired``), by resource id."""
         l_t = schema.leases
-        query = select(l_t).order_by(l_t.c.resource_id)
+        where = []
         if owner is not None:
-            query = query.where(l_t.c.owner == check_name(owner, "lease owner"))
+            where.append(l_t.c.owner == check_name(owner, "lease owner"))
         if not include_expired:
-            query = query.where(l_t.c.expires_at > self._clock())
+            where.append(l_t.c.expires_at > self._clock())
         with self._read() as conn:
-            return self._leases_from_rows(conn, list(conn.execute(query)))
+            return self._located_leases(conn, *where)
+
+    @staticmethod
+    def _located_leases(conn: Connection, *where: Any) -> list[Lease]:
+        """Leases by resource id, each with where its resource is, from one outer join
+        (a device's lease, a partition's lease through its device, or neither: gone)."""
+        l_t, d_t, p_t = schema.leases, schema.devices, schema.partitions
+        pd = d_t.alias("part_device")
+        query = (
+            select(
+                l_t,
+                d_t.c.node.label("dev_node"),
+                d_t.c.device_index.label("dev_index"),
+                p_t.c.kind.label("part_kind"),
+                pd.c.node.label("part_node"),
+                pd.c.device_index.label("part_index"),
+            )
+            .select_from(
+                l_t.outerjoin(d_t, d_t.c.uuid == l_t.c.resource_id)
+                .outerjoin(p_t, p_t.c.uuid == l_t.c.resource_id)
+                .outerjoin(pd, pd.c.uuid == p_t.c.device_uuid)
+            )
+            .where(*where)
+            .order_by(l_t.c.resource_id)
+        )
+        out = []
+        for r in conn.execute(query):
+            if r.part_kind is not None:
+                out.append(lease_record(r, r.part_kind, r.part_node, r.part_index))
+            elif r.dev_node is not None:
+                out.append(lease_record(r, "device", r.dev_node, r.dev_index))
+            else:
+                out.append(lease_record(r, None, None, None))
+        return out
 
     def lease(self, resource_id: str) -> Lease | None:
         """The unexpired lease on a resource, or None."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuflow.hardware.backend import HardwareError
 
@@ -234,6 +234,34 @@ class JobRecord(_Record):
     created_at_s: float
     updated_at_s: float
     attempt: int = 0  # how many placements it has had; a new placement adds one
+
+
+class DeviceSlot(NamedTuple):
+    """A present device as a placement sees it (InventorySnapshot.devices): a plain tuple,
+    cheap to build 10,000 times a pass, without telemetry or history (DeviceRecord has
+    those)."""
+
+    node: str
+    index: int
+    uuid: str
+    vendor: str
+    sku: str
+    memory_total_mb: int
+    partition_kinds: tuple[str, ...]
+    healthy: bool
+
+
+@dataclass(frozen=True)
+class InventorySnapshot(_Record):
+    """What a scheduler pass decides on, read in one transaction (Inventory.snapshot)."""
+
+    at_s: float  # the inventory's clock when it was read
+    nodes: tuple[NodeRecord, ...]
+    devices: tuple[DeviceSlot, ...]  # the present ones
+    partitions: tuple[PartitionRecord, ...]
+    cordons: tuple[Cordon, ...]
+    leases: tuple[Lease, ...]  # unexpired at at_s
+    jobs: tuple[JobRecord, ...]  # the whole registry, oldest first
 
 
 @dataclass(frozen=True)

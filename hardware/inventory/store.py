@@ -7,13 +7,17 @@ from gpuflow.hardware.inventory.fleet import FleetMixin
 from gpuflow.hardware.inventory.leases import LeaseMixin
 from gpuflow.hardware.inventory.lifecycle import LifecycleMixin
 from gpuflow.hardware.inventory.locks import LockMixin
+from gpuflow.hardware.inventory.snapshot import SnapshotMixin
 from gpuflow.hardware.inventory.sync import SyncMixin
 
 
-class Inventory(SyncMixin, FleetMixin, LeaseMixin, LockMixin, ControlMixin, LifecycleMixin):
+class Inventory(
+    SyncMixin, FleetMixin, LeaseMixin, LockMixin, ControlMixin, LifecycleMixin, SnapshotMixin
+):
     """Durable cluster state: nodes, devices, partitions, cordons, the spare pool, leases,
     the job control channel, the scheduler's pass lock and a jobs registry whose states
-    only the lifecycle (lifecycle.py) moves.
+    only the lifecycle (lifecycle.py) moves; ``snapshot()`` reads what a scheduler pass
+    needs of all that at once.
 
     ``Inventory()`` opens SQLite at GPUFLOW_HOME/inventory.db; ``Inventory(url)`` takes any
     SQLAlchemy URL (``postgresql+psycopg://...`` when several hosts share it). Tables are

@@ -217,8 +217,7 @@ class SchedulerService(ReapMixin):
         decisions = engine.schedule(self._now())
         report.decide_s += time.perf_counter() - t0
         self._carry_out(engine, decisions, report)
-        for job in engine.live_jobs():
-            self._renew(job)
+        self._renew_all(engine.live_jobs())
         return engine
 
     def _carry_out(self, engine: Engine, decisions: list[object], report: PassReport) -> None:
@@ -264,7 +263,7 @@ class SchedulerService(ReapMixin):
         if not self._sync_leases(job, report, attempt=attempt):
             engine.fail(d.job_id, now, requeue=True)  # back to the queue; next pass retries
             return
-        resources = [self.inventory.resource(r) for r in d.resource_ids]
+        resources = self.inventory.resources_by_id(d.resource_ids)
         env = run_environment(resources, d.job_id, self.backend.name if self.backend else "unknown")
         self._write(
             d.job_id,
@@ -455,7 +454,7 @@ class SchedulerService(ReapMixin):
     # ================================================================= reading
     def resources(self, job_id: str) -> list[Resource]:
         record = self.inventory.job(job_id)
-        return [self.inventory.resource(r) for r in record.resource_ids]
+        return self.inventory.resources_by_id(record.resource_ids)
 
     def jobs(self, include_done: bool = False) -> list[JobView]:
         engine = self.refresh()

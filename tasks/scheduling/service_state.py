@@ -61,6 +61,10 @@ def checkpoint_step(checkpoint_id: str | None) -> int | None:
         return None
 
 
+def _invalid_message(exc: Exception) -> str:
+    return f"stored request does not validate: {' '.join(str(exc).split())[:300]}"
+
+
 @dataclass
 class PassReport:
     placed: list[dict[str, Any]] = field(default_factory=list)
@@ -134,27 +138,28 @@ class ServiceState:
         self._lease_of: dict[str, Lease] = {}
         self._stale: list[Lease] = []  # leases of an older attempt: fenced in the reap
         self._invalid: dict[str, str] = {}  # job id -> why its stored request is invalid
+        self._requests: dict[str, tuple[Any, JobRequest]] = {}  # job id -> (stored, valid)
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
 
     # ================================================================= loading
     def refresh(self) -> Engine:
         """Rebuild the engine from the inventory."""
-        inv = self.inventory
         now = self._now()
+        snap = self.inventory.snapshot()  # one read of everything below
         engine = Engine(self.config)
         fleet = engine.fleet
         cordoned_nodes: set[str] = set()
         cordoned_devices: set[str] = set()
-        for c in inv.cordons():
+        for c in snap.cordons:
             if c.device_uuid is None:
                 cordoned_nodes.add(c.node)
             else:
                 cordoned_devices.add(c.device_uuid)
-        for n in inv.nodes():
+        for n in snap.nodes:
             fleet.add_node(
                 n.name, n.region, active=n.role == "active", cordoned=n.name in cordoned_nodes
             )
-        for d in inv.devices(present=True):
+        for d in snap.devices:
             fleet.add_device(
                 d.node,
                 d.index,
@@ -166,7 +171,7 @@ class ServiceState:
                 healthy=d.healthy,
                 cordoned=d.uuid in cordoned_devices,
             )
-        for p in inv.partitions():
+        for p in snap.partitions:
             if p.device_uuid in fleet.devices:
                 fleet.add_partition(
                     p.device_uuid,
@@ -178,15 +183,15 @@ class ServiceState:
                     p.placement_start,
                     p.placement_size,
                 )
-        leases = inv.leases()
-        records = [r for r in inv.jobs() if is_scheduled(r)]
+        records = [r for r in snap.jobs if is_scheduled(r)]
         self._records = {r.job_id: r for r in records}
         # A lease of an older attempt of a scheduled job is fenced: given back in the reap.
         attempt_of = {r.job_id: r.attempt for r in records}
-        self._stale = [
-            x for x in leases if x.owner in attempt_of and x.attempt != attempt_of[x.owner]
-        ]
-        leases = [x for x in leases if x not in self._stale]
+        leases: list[Lease] = []
+        self._stale = []
+        for x in snap.leases:
+            stale = x.owner in attempt_of and x.attempt != attempt_of[x.owner]
+            (self._stale if stale else leases).append(x)
         self._lease_of = {lease.resource_id: lease for lease in leases}
         self._owned = {}
         for lease in leases:
@@ -197,10 +202,15 @@ class ServiceState:
             if r.state == JobState.QUEUED or r.state in ACTIVE_STATES or r.state in STOPPED_STATES
         ]
         self._invalid = {}
+        requests: dict[str, JobRequest] = {}
         for r in live:
-            problem = self._invalid_request(r)
-            if problem is not None:
-                self._invalid[r.job_id] = problem
+            try:
+                requests[r.job_id] = self._validated(r)
+            except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError too
+                self._invalid[r.job_id] = _invalid_message(exc)
+        # Validated once per request, across passes: the stored request is compared, not
+        # validated again (pydantic for every live job, every pass, adds up at 10,000 GPUs).
+        self._requests = {k: v for k, v in self._requests.items() if k in requests}
         live = [r for r in live if r.job_id not in self._invalid]
         live.sort(key=lambda r: self._sched(r).get("seq", 0))
         # Running jobs first: their leases are facts; holds of queued jobs come after.
@@ -212,7 +222,7 @@ class ServiceState:
             units += sorted(self._owned.get(r.job_id, set()) - set(units))
             try:
                 restored = engine.restore_running(
-                    self._request(r),
+                    requests[r.job_id],
                     s.get("seq", 0),
                     units,
                     now,
@@ -227,8 +237,7 @@ class ServiceState:
             if r.state != "queued":
                 continue
             s = self._sched(r)
-            req = self._request(r)
-            engine_job = self._restore_queued(engine, req, s, now)
+            engine_job = self._restore_queued(engine, requests[r.job_id], s, now)
             engine_job.preemptions = int(s.get("preemptions", 0))
             engine_job.last_checkpoint_id = r.last_checkpoint_id
             engine.restore_holds(engine_job.job_id, sorted(self._owned.get(r.job_id, set())))
@@ -282,6 +291,17 @@ class ServiceState:
     def _request(record: JobRecord) -> JobRequest:
         return JobRequest.model_validate(record.spec["request"])
 
+    def _validated(self, record: JobRecord) -> JobRequest:
+        """The record's request, validated the first time this service sees it as stored
+        now (JobRequest is frozen: one instance serves every pass)."""
+        stored = record.spec["request"]
+        cached = self._requests.get(record.job_id)
+        if cached is not None and cached[0] == stored:
+            return cached[1]
+        request = self._request(record)
+        self._requests[record.job_id] = (stored, request)
+        return request
+
     @classmethod
     def _invalid_request(cls, record: JobRecord) -> str | None:
         """Why a stored request no longer validates (a newer/older gpuflow wrote it, or
@@ -289,7 +309,7 @@ class ServiceState:
         try:
             cls._request(record)
         except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError too
-            return f"stored request does not validate: {' '.join(str(exc).split())[:300]}"
+            return _invalid_message(exc)
         return None
 
     # ================================================================= writing
@@ -353,8 +373,17 @@ class ServiceState:
         have = set(self._owned.get(job.job_id, set()))
         for rid in sorted(have - want):
             self._unlease(rid, job.job_id)
+        todo = sorted(want if at != current else want - have)
+        if todo:
+            try:
+                self.inventory.acquire_leases(todo, job.job_id, self.config.lease_ttl_s, attempt=at)
+            except (LeaseError, InvalidRequestError):
+                pass  # nothing written: one at a time below names the one and keeps the rest
+            else:
+                self._owned.setdefault(job.job_id, set()).update(todo)
+                return True
         taken: list[str] = []
-        for rid in sorted(want if at != current else want - have):
+        for rid in todo:
             try:
                 self._lease(rid, job.job_id, at)
                 if rid not in have:
@@ -366,28 +395,35 @@ class ServiceState:
                 return False
         return True
 
-    def _renew(self, job: Job) -> None:
-        """Keep a live job's leases: holds always; a running job's secondary units only
-        while its primary (renewed by the runner) lives."""
+    def _renew_all(self, jobs: list[Job]) -> None:
+        """Keep live jobs' leases (see _to_renew), all of them in one inventory write."""
+        renewals: dict[tuple[str, int], list[str]] = {}
+        for job in jobs:
+            renew = self._to_renew(job)
+            if renew:
+                renewals[(job.job_id, self._attempt(job.job_id))] = renew
+        if not renewals:
+            return
+        renewed = self.inventory.renew_leases_of(renewals, self.config.lease_ttl_s)
+        for (job_id, attempt), renew in renewals.items():
+            if renewed[(job_id, attempt)] < len(set(renew)):
+                log.warning(
+                    "renewed %d of %d lease(s) of %s attempt %d; the rest lapsed",
+                    renewed[(job_id, attempt)],
+                    len(set(renew)),
+                    job_id,
+                    attempt,
+                )
+
+    def _to_renew(self, job: Job) -> list[str]:
+        """What of a live job's leases the service keeps: holds always; a running job's
+        secondary units only while its primary (renewed by the runner) lives."""
         owned = self._owned.get(job.job_id, set())
         if job.state in (QUEUED, RESERVED):
-            renew = [r for r in job.holds if r in owned]
-        else:
-            record = self._records.get(job.job_id)
-            primary = record.resource_ids[0] if record and record.resource_ids else None
-            if primary is None or primary not in owned:
-                return
-            renew = [r for r in job.allocation if r in owned and r != primary]
-            renew += [r for r in job.holds if r in owned]
-        if not renew:
-            return
-        attempt = self._attempt(job.job_id)
-        renewed = self.inventory.renew_leases(job.job_id, attempt, renew, self.config.lease_ttl_s)
-        if renewed < len(renew):
-            log.warning(
-                "renewed %d of %d lease(s) of %s attempt %d; the rest lapsed",
-                renewed,
-                len(renew),
-                job.job_id,
-                attempt,
-            )
+            return [r for r in job.holds if r in owned]
+        record = self._records.get(job.job_id)
+        primary = record.resource_ids[0] if record and record.resource_ids else None
+        if primary is None or primary not in owned:
+            return []
+        renew = [r for r in job.allocation if r in owned and r != primary]
+        return renew + [r for r in job.holds if r in owned]
