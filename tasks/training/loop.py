@@ -171,14 +171,15 @@ def train_loop(
     started = time.perf_counter()
     device = torch.device(device)
     w = build_workload(spec, device, sku)
-    ckpt = parallel.checkpointer(
+    manager = CheckpointManager(
         store,
         spec.job_id,
         keep_last=spec.keep_last,
         expected_model=w.fingerprint,
         fencing_token=fencing_token,
-        on_commit=on_checkpoint if parallel.primary else None,
     )
+    # One process writes CheckpointManager's files; a gang writes DCP shards under it.
+    ckpt = parallel.checkpointer(manager, on_checkpoint if parallel.primary else None)
     check = guard or (lambda: None)
     meta = {"model_name": spec.model, "model_fingerprint": w.fingerprint, "spec": spec.model_dump()}
 

@@ -20,8 +20,6 @@ from gpuflow.tasks.training.state import full_state, restore_full
 
 if TYPE_CHECKING:
     from gpuflow.tasks.training.loop import Workload
-    from gpuflow.tasks.training.storage import CheckpointStore
-
 OnCommit = Callable[[str, int], None]  # (checkpoint id, step), once it is committed
 
 
@@ -52,14 +50,7 @@ class Parallel(Protocol):
     def agree(self, value: Any) -> Any: ...
 
     def checkpointer(
-        self,
-        store: CheckpointStore,
-        job_id: str,
-        *,
-        keep_last: int,
-        expected_model: str,
-        fencing_token: int | None,
-        on_commit: OnCommit | None,
+        self, manager: CheckpointManager, on_commit: OnCommit | None
     ) -> Checkpointer: ...
 
 
@@ -103,23 +94,7 @@ class Single:
     def agree(self, value: Any) -> Any:
         return value
 
-    def checkpointer(
-        self,
-        store: CheckpointStore,
-        job_id: str,
-        *,
-        keep_last: int,
-        expected_model: str,
-        fencing_token: int | None,
-        on_commit: OnCommit | None,
-    ) -> Checkpointer:
-        manager = CheckpointManager(
-            store,
-            job_id,
-            keep_last=keep_last,
-            expected_model=expected_model,
-            fencing_token=fencing_token,
-        )
+    def checkpointer(self, manager: CheckpointManager, on_commit: OnCommit | None) -> Checkpointer:
         return TorchCheckpointer(manager, on_commit)
 
 

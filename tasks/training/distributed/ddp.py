@@ -17,7 +17,6 @@ import torch.distributed as dist
 from gpuflow.tasks.training.checkpoint import CheckpointManager
 from gpuflow.tasks.training.distributed.checkpoint import DcpCheckpointer
 from gpuflow.tasks.training.parallel import Checkpointer, OnCommit
-from gpuflow.tasks.training.storage import CheckpointStore
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -56,23 +55,7 @@ class DataParallel:
     def _collective_device(self) -> torch.device:
         return torch.device("cpu") if dist.get_backend() == "gloo" else self.device
 
-    def checkpointer(
-        self,
-        store: CheckpointStore,
-        job_id: str,
-        *,
-        keep_last: int,
-        expected_model: str,
-        fencing_token: int | None,
-        on_commit: OnCommit | None,
-    ) -> Checkpointer:
-        manager = CheckpointManager(
-            store,
-            job_id,
-            keep_last=keep_last,
-            expected_model=expected_model,
-            fencing_token=fencing_token,
-        )
+    def checkpointer(self, manager: CheckpointManager, on_commit: OnCommit | None) -> Checkpointer:
         return DcpCheckpointer(
-            manager, self.staging / job_id, self.rank, self._checkpoint_group, on_commit
+            manager, self.staging / manager.job_id, self.rank, self._checkpoint_group, on_commit
         )
