@@ -4,6 +4,8 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Test processes (pytest-xdist); a file's tests stay in one, so module fixtures start once.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean venv
 
@@ -35,7 +37,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m tests.helpers.postgres install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -63,6 +63,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 POSTGRES_URL_ENV = "GPUFLOW_TEST_POSTGRES_URL"
 POSTGRES_SERVER = pytest.StashKey[str]()  # what the summary line says the server was
 POSTGRES_PROPERTY = ("inventory_backend", "postgres")
+POSTGRES_SERVER_PROPERTY = "postgres_server"  # rides on reports back from xdist workers
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +77,7 @@ def postgres_url(pytestconfig: pytest.Config) -> Iterator[str]:
     external = os.environ.get(POSTGRES_URL_ENV)
     if external:
         pytestconfig.stash[POSTGRES_SERVER] = f"the PostgreSQL of {POSTGRES_URL_ENV}"
-        yield external
+        yield _worker_schema(external)
         return
     from tests.helpers.postgres import PostgresServer, PostgresUnavailable
 
@@ -95,6 +96,28 @@ def postgres_url(pytestconfig: pytest.Config) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def _worker_schema(url: str) -> str:
+    """``url`` for this xdist worker alone: one database, a schema per worker (each worker
+    wipes its tables before every test), made on first use."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return url
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"gpuflow_test_{worker}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{name}"'))
+    finally:
+        engine.dispose()
+    parsed = make_url(url)
+    return parsed.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+        hide_password=False
+    )
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +139,8 @@ def inventory_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
     request.node.user_properties.append(POSTGRES_PROPERTY)  # counted even if no server
     url = request.getfixturevalue("postgres_url")
+    server = request.config.stash.get(POSTGRES_SERVER, "")
+    request.node.user_properties.append((POSTGRES_SERVER_PROPERTY, server))
     # Every table, not only the inventory's: the remediation ledger lives there too.
     engine = create_engine(url)
     try:
@@ -130,12 +155,15 @@ def inventory_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
     """One line saying how many tests ran against PostgreSQL, so a run shows they did."""
     outcomes: dict[str, int] = {}
+    servers: set[str] = set()  # one per xdist worker
     for outcome in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(outcome, []):
-            if POSTGRES_PROPERTY in getattr(report, "user_properties", ()):
+            properties = list(getattr(report, "user_properties", ()))
+            if POSTGRES_PROPERTY in properties:
                 if report.when == "call" or outcome == "error":
                     outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                servers |= {v for k, v in properties if k == POSTGRES_SERVER_PROPERTY and v}
     if outcomes:
-        server = config.stash.get(POSTGRES_SERVER, "no server (see the errors)")
+        server = "; ".join(sorted(servers)) or "no server (see the errors)"
         counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
         terminalreporter.write_line(f"PostgreSQL tests, {server}: {counts}")
