@@ -49,7 +49,7 @@ _mount_capabilities()
 
 # Each benchmark is a module gpuflow/bench/<name>_bench.py with
 # run(quick: bool, report: Callable[[str], None]) -> dict (JSON-ready, nested one level).
-BENCHMARKS = ("train", "scheduler", "downtime", "edge", "health", "distributed")
+BENCHMARKS = ("train", "scheduler", "service_pass", "downtime", "edge", "health", "distributed")
 
 
 @app.command("bench")

@@ -17,15 +17,27 @@ Hygon, two regions), recorded in the inventory by an ordinary ``Inventory.sync``
 discovery-only backend (StudyFleetBackend). Jobs of the synthetic trace asking for 95 %
 of its GPUs are recorded in the service's job format and placed by one untimed pass (at
 full scale 2,674 fit, leasing 84 % of the GPUs); those that did not fit stay queued, and
-``SchedulerService.submit`` tops the queue up to 1,000. Jobs are those of the trace that
+``SchedulerService.submit`` tops the queue up to 1,000; untimed passes then place those
+of them that fit at once and carry out the preemptions they make, until no victim is
+stopping (``settle_ms``, ``settle_passes``, ``settle_placed``: a burst, reported apart
+from the steady state). Jobs are those of the trace that
 take whole devices: a MIG or vDCU request would first cut a device, which is the
 backend's work, not the pass's.
 
 Between two passes (untimed) the bench plays the rest of the cluster, so that no pass is
 a no-op over a steady state: ``churn`` running jobs finish (``job_done``, as their runners
-report), ``churn`` new ones are submitted, and the runners' lease keepers renew their
-primary leases. The pass after that reaps the finished jobs and places what now fits.
-Time is a clock the bench advances (one second per pass), so no lease lapses by accident.
+report), ``churn`` new ones are submitted, and the runners' lease keepers renew the
+units of their attempts. The pass after that reaps the finished jobs and places what now
+fits. Time is a clock the bench advances by the `schedule` deployment's interval (60 s)
+per pass, so the passes do the work a real interval brings: the leases the service keeps
+(holds) are renewed once a third of their 300 s TTL has gone, the runners' keepers renew
+theirs every 100 s of it (so no lease lapses by accident), and the victims of a
+preemption acknowledge their stop before the next pass, as their loops do at their next
+step (the pass after the 30 s ack grace re-queues them).
+
+The service keeps its engine between passes and reads only what the inventory's change
+journal names (tasks/scheduling/refresh.py); ``rebuilds_in_timed_passes`` counts the
+passes that read everything again (none, unless the fleet changed).
 
 Stores: SQLite always, a file in a temporary directory (WAL, as production opens it).
 PostgreSQL when the environment variable GPUFLOW_BENCH_POSTGRES_URL holds a SQLAlchemy
@@ -61,7 +73,7 @@ from gpuflow.hardware.backend import (
 from gpuflow.hardware.inventory import Inventory, InventorySnapshot, schema
 from gpuflow.hardware.skus import SKUS
 from gpuflow.tasks.scheduling.engine import Engine
-from gpuflow.tasks.scheduling.model import RUNNING, SchedulerConfig, SubmissionRefused
+from gpuflow.tasks.scheduling.model import RUNNING, STOPPING, SchedulerConfig, SubmissionRefused
 from gpuflow.tasks.scheduling.service import SPEC_KIND, PassReport, SchedulerService
 from gpuflow.tasks.scheduling.simulate import percentile, to_request
 from gpuflow.tasks.scheduling.trace import NodeGroup, TraceJob, fleet_gpus, study_fleet
@@ -72,10 +84,11 @@ POSTGRES_URL_ENV = "GPUFLOW_BENCH_POSTGRES_URL"
 NOT_MEASURED = f"postgres: not measured (set {POSTGRES_URL_ENV})"
 PASS_GOAL_MS = 100.0
 FILL_SHARE = 0.95  # of the fleet's GPUs asked for by running jobs
-STEP_S = 1.0  # bench clock per pass
+STEP_S = 60.0  # bench clock per pass: the `schedule` deployment's interval (prefect.yaml)
 START_S = 1_000_000.0
 PASSES = 60  # timed passes of the full run
 CHURN = 3  # jobs finishing and arriving before each (each arrival is a service submit)
+SETTLE_MAX_PASSES = 10  # untimed passes after the top-up, until no victim is stopping
 
 
 def _discovery_only(*_args: object, **_kwargs: object) -> NoReturn:
@@ -202,15 +215,26 @@ def _running(engine: Engine) -> list[str]:
     return sorted(j.job_id for j in engine.live_jobs() if j.state == RUNNING)
 
 
-def _keep_primaries(inv: Inventory, ttl_s: float) -> None:
-    """What every runner's LeaseKeeper does on its timer: renew its primary lease."""
+def _keep_runners(inv: Inventory, ttl_s: float) -> None:
+    """What every runner's LeaseKeeper does on its timer: renew every unit of its attempt
+    (tasks/training/binding.attempt_resources)."""
     renewals = {
-        (r.job_id, r.attempt): [r.resource_ids[0]]
+        (r.job_id, r.attempt): list(r.resource_ids)
         for r in inv.jobs()
         if r.resource_ids and r.state in ("placed", "launching", "running")
     }
     if renewals:
         inv.renew_leases_of(renewals, ttl_s)
+
+
+def _answer_stops(inv: Inventory, engine: Engine) -> None:
+    """What the loops of the jobs asked to stop do at their next step: checkpoint and
+    acknowledge (the pass after the ack grace re-queues them and frees their units)."""
+    for job in engine.live_jobs():
+        if job.state == STOPPING:
+            request = inv.poll_control(job.job_id)
+            if request is not None:
+                inv.ack_control(request.request_id, "step-000000100")
 
 
 def run_passes(
@@ -254,7 +278,23 @@ def run_passes(
         submitted = 0
         while len(svc.engine.queue) < queued:
             submitted += _submit(svc, jobs, 1)
+        # The top-up's jobs that fit what the fill left free are placed by the next pass
+        # all at once (~300 at full scale), and some preempt lower-priority ones, which
+        # stop, are re-queued and make room a pass or two later: a burst, settled before
+        # the timed passes and reported apart from the steady state the goal is about.
+        t0 = time.perf_counter()
+        settle_placed = settle_passes = 0
+        while settle_passes < SETTLE_MAX_PASSES:
+            settle = svc.schedule_once()
+            settle_passes += 1
+            settle_placed += len(settle.placed)
+            if not settle.stopping:
+                break
+            _answer_stops(inv, svc.engine)
+            clock.t += STEP_S
+        settle_ms = (time.perf_counter() - t0) * 1000
         queued_at_start = len(svc.engine.queue)
+        rebuilds_at_start = svc.rebuilds
         rng = random.Random(seed)
         totals: list[float] = []
         reads: list[float] = []
@@ -268,12 +308,13 @@ def run_passes(
         for k in range(passes):
             clock.t += STEP_S
             if clock.t - last_keep >= config.lease_ttl_s / 3:
-                _keep_primaries(inv, config.lease_ttl_s)
+                _keep_runners(inv, config.lease_ttl_s)
                 last_keep = clock.t
             for job_id in rng.sample(_running(svc.engine), min(churn, running)):
                 svc.job_done(job_id, ok=True, attempt=svc.inventory.job(job_id).attempt)
                 finished += 1
             submitted += _submit(svc, jobs, churn)
+            _answer_stops(inv, svc.engine)
             svc.refresh_s = inv.snapshot_s = 0.0
             t0 = time.perf_counter()
             result: PassReport = svc.schedule_once()
@@ -295,6 +336,10 @@ def run_passes(
             "fleet_gpus": gpus,
             "running_jobs_at_start": running,
             "queued_at_start": queued_at_start,
+            "settle_ms": round(settle_ms, 2),
+            "settle_passes": settle_passes,
+            "settle_placed": settle_placed,
+            "rebuilds_in_timed_passes": svc.rebuilds - rebuilds_at_start,
             "queued_at_end": len(svc.engine.queue),
             "passes": len(totals),
             "churn_per_pass": churn,

@@ -7,7 +7,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -61,17 +61,29 @@ def check_choice(value: object, valid: tuple[str, ...], what: str) -> str:
     return str(value)
 
 
-def next_counter(conn: Connection, name: str, floor: int = 1) -> int:
+K = TypeVar("K")
+IN_CHUNK = 500  # ids per IN (...) list: well inside SQLite's and PostgreSQL's limits
+
+
+def in_chunks(ids: Sequence[K]) -> Iterator[Sequence[K]]:
+    """``ids`` in slices short enough for one IN (...) list each."""
+    for i in range(0, len(ids), IN_CHUNK):
+        yield ids[i : i + IN_CHUNK]
+
+
+def next_counter(conn: Connection, name: str, floor: int = 1, *, count: int = 1) -> int:
     """The next value of the store-wide counter ``name`` (1, 2, ..., never below
     ``floor``), inside ``conn``'s transaction: the UPDATE row-locks it (PostgreSQL) or runs
-    under the write lock (SQLite), so no two transactions ever get the same value."""
+    under the write lock (SQLite), so no two transactions ever get the same value. With
+    ``count`` (>= 1) the next ``count`` values are taken at once and the last is returned."""
     c = schema.counters
-    bumped = case((c.c.value + 1 < floor, floor), else_=c.c.value + 1)
+    bumped = case((c.c.value + 1 < floor, floor + count - 1), else_=c.c.value + count)
     if conn.execute(update(c).where(c.c.name == name).values(value=bumped)).rowcount:
         return int(conn.execute(select(c.c.value).where(c.c.name == name)).scalar_one())
     # The first use: a concurrent first INSERT raises IntegrityError and run_write retries.
-    conn.execute(insert(c).values(name=name, value=max(1, floor)))
-    return max(1, floor)
+    last = max(1, floor) + count - 1
+    conn.execute(insert(c).values(name=name, value=last))
+    return last
 
 
 def mig_compute_slices(profile: str) -> int | None:

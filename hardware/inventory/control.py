@@ -9,11 +9,18 @@ the inventory can take either side.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
-from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name, check_seconds
+from gpuflow.hardware.inventory.base import (
+    StoreBase,
+    check_choice,
+    check_name,
+    check_seconds,
+    in_chunks,
+)
 from gpuflow.hardware.inventory.records import CONTROL_ACTIONS, ControlRequest, ControlTimeoutError
 from sqlalchemy import Connection, Row, insert, select, update
 
@@ -108,6 +115,18 @@ class ControlMixin(StoreBase):
         _check_request_id(request_id)
         with self._read() as conn:
             return _record(self._request_row(conn, request_id))
+
+    def control_requests_by_id(self, request_ids: Iterable[int]) -> dict[int, ControlRequest]:
+        """The requests of ``request_ids`` that exist, by id, in one read (a scheduler pass
+        looks at every stopping job's request)."""
+        ids = sorted({_check_request_id(r) for r in request_ids})
+        c = schema.control_requests
+        out: dict[int, ControlRequest] = {}
+        with self._read() as conn:
+            for chunk in in_chunks(ids):
+                for row in conn.execute(select(c).where(c.c.id.in_(chunk))):
+                    out[int(row.id)] = _record(row)
+        return out
 
     def control_requests(self, job_id: str) -> list[ControlRequest]:
         """Every request for a job, oldest first."""

@@ -23,6 +23,7 @@ from typing import TypeVar
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.hardware.inventory import schema
+from gpuflow.hardware.inventory.triggers import install_triggers
 from sqlalchemy import (
     Connection,
     Engine,
@@ -152,6 +153,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # The old "checkpointed" (stopped on request, waiting to be re-queued) is "stopped".
         "UPDATE gf_jobs SET state = 'stopped' WHERE state = 'checkpointed'",
     ),
+    2: (),  # gf_changes is a new table (create_all made it); its triggers follow
 }
 
 
@@ -161,6 +163,7 @@ def migrate(conn: Connection, version: int) -> None:
     for v in range(version, schema.SCHEMA_VERSION):
         for statement in MIGRATIONS[v]:
             conn.execute(text(statement))
+    install_triggers(conn)
     conn.execute(
         update(schema.meta)
         .where(schema.meta.c.key == "schema_version")
@@ -182,6 +185,7 @@ def ensure_schema(engine: Engine) -> None:
             conn.execute(
                 insert(schema.meta).values(key="schema_version", value=str(schema.SCHEMA_VERSION))
             )
+            install_triggers(conn)  # after the insert: a process that lost the race retries
         elif int(version) > schema.SCHEMA_VERSION:
             raise InvalidRequestError(
                 f"inventory schema version {version} is newer than this gpuflow "

@@ -16,15 +16,17 @@ An older attempt can neither renew nor take back a lease a newer attempt holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import (
     StoreBase,
     check_index,
     check_name,
     check_seconds,
+    in_chunks,
     lease_record,
     next_counter,
 )
@@ -35,15 +37,9 @@ from gpuflow.hardware.inventory.records import (
     LeaseNotHeldError,
     ResourceUnavailableError,
 )
-from sqlalchemy import Connection, Row, delete, insert, select, update
+from sqlalchemy import Connection, Row, delete, func, insert, select, update
 
 FENCE_COUNTER = "fence"
-IN_CHUNK = 500  # ids per IN (...) list: well inside SQLite's and PostgreSQL's limits
-
-
-def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
-    for i in range(0, len(ids), IN_CHUNK):
-        yield ids[i : i + IN_CHUNK]
 
 
 class _LostRace(Exception):
@@ -76,59 +72,97 @@ class LeaseMixin(StoreBase):
         check_name(owner, "lease owner")
         ttl = check_seconds(ttl_s, "ttl_s")
         check_index(attempt, "lease attempt")
+        taken = self._acquire_items([(r, owner, attempt) for r in dict.fromkeys(ids)], ttl)
+        by_rid = {lease.resource_id: lease for lease in taken}
+        return [by_rid[r] for r in ids]
+
+    def acquire_leases_of(
+        self, requests: Mapping[tuple[str, int], Sequence[str]], ttl_s: float
+    ) -> dict[tuple[str, int], list[Lease]]:
+        """acquire_leases for several (owner, attempt)s in ONE transaction, all or none (a
+        scheduler pass starts all its placements at once). Raises what the first lease
+        that cannot be taken would, and nothing is written."""
+        ttl = check_seconds(ttl_s, "ttl_s")
+        items = []
+        for (owner, attempt), ids in requests.items():
+            check_name(owner, "lease owner")
+            check_index(attempt, "lease attempt")
+            items += [(check_name(r, "resource id"), owner, attempt) for r in dict.fromkeys(ids)]
+        asked: dict[str, tuple[str, int]] = {}
+        for rid, owner, attempt in items:
+            if rid in asked:
+                raise InvalidRequestError(
+                    f"resource {rid!r} asked for by both {asked[rid]} and {(owner, attempt)}"
+                )
+            asked[rid] = (owner, attempt)
+        out: dict[tuple[str, int], list[Lease]] = {key: [] for key in requests}
+        for lease in self._acquire_items(items, ttl) if items else []:
+            out[(lease.owner, lease.attempt)].append(lease)
+        return out
+
+    def _acquire_items(self, items: list[tuple[str, str, int]], ttl: float) -> list[Lease]:
         for _ in range(WRITE_ATTEMPTS):
             try:
-                return self._write(
-                    lambda conn: [self._acquire(conn, rid, owner, ttl, attempt) for rid in ids]
-                )
+                return self._write(lambda conn: self._acquire_all(conn, items, ttl))
             except _LostRace:
                 continue
-        raise LeaseConflictError(ids[0], "<contended>", self._clock(), "lost every retry")
+        raise LeaseConflictError(items[0][0], "<contended>", self._clock(), "lost every retry")
 
-    def _acquire(
-        self, conn: Connection, resource_id: str, owner: str, ttl: float, attempt: int
-    ) -> Lease:
-        kind, drow, prow = self._resolve(conn, resource_id)
-        self._check_leasable(conn, resource_id, drow, prow)
+    def _acquire_all(
+        self, conn: Connection, items: list[tuple[str, str, int]], ttl: float
+    ) -> list[Lease]:
+        """Take every lease of ``ids`` inside ``conn``'s transaction, in a handful of
+        statements whatever their number (a gang's units, every placement of a pass): what
+        each check needs is read for all of them at once, then checked one id at a time
+        in order, so the first that cannot be taken raises, before anything is written."""
         now = self._clock()
+        facts = _LeaseFacts.read(conn, [rid for rid, _, _ in items])
         l_t = schema.leases
-        row = conn.execute(select(l_t).where(l_t.c.resource_id == resource_id)).first()
-        if row is None:
-            values = {
-                "owner": owner,
-                "acquired_at": now,
-                "renewed_at": now,
-                "expires_at": now + ttl,
-                "attempt": attempt,
-                "token": next_counter(conn, FENCE_COUNTER),
-            }
-            # A concurrent INSERT of the same id raises IntegrityError; run_write retries
-            # the transaction, which then reads the winner's row and reports the conflict.
-            conn.execute(insert(l_t).values(resource_id=resource_id, **values))
-        else:
-            live = row.expires_at > now
-            if live and row.owner != owner:
-                raise LeaseConflictError(resource_id, row.owner, row.expires_at)
-            if live and row.attempt > attempt:
-                raise LeaseConflictError(
-                    resource_id,
-                    row.owner,
-                    row.expires_at,
-                    f"held for attempt {row.attempt}; attempt {attempt} is stale",
-                )
-            same = live and row.owner == owner and row.attempt == attempt
-            values = {
-                "owner": owner,
-                "acquired_at": row.acquired_at if same else now,
-                "renewed_at": now,
-                "expires_at": now + ttl,
-                "attempt": attempt,
-                "token": row.token if same else next_counter(conn, FENCE_COUNTER),
-            }
+        plans: list[tuple[str, dict[str, Any], Row[Any] | None, str, Row[Any]]] = []
+        fresh_tokens = 0
+        taken_whole: set[str] = set()  # devices leased whole earlier in this batch
+        for rid, owner, attempt in items:
+            kind, drow, prow = facts.resolve(rid)
+            facts.check_leasable(rid, drow, prow, now, taken_whole)
+            if prow is None:
+                taken_whole.add(drow.uuid)
+            row = facts.leases.get(rid)
+            if row is None:
+                values: dict[str, Any] = {"acquired_at": now, "token": None}
+            else:
+                live = row.expires_at > now
+                if live and row.owner != owner:
+                    raise LeaseConflictError(rid, row.owner, row.expires_at)
+                if live and row.attempt > attempt:
+                    raise LeaseConflictError(
+                        rid,
+                        row.owner,
+                        row.expires_at,
+                        f"held for attempt {row.attempt}; attempt {attempt} is stale",
+                    )
+                same = live and row.owner == owner and row.attempt == attempt
+                values = {
+                    "acquired_at": row.acquired_at if same else now,
+                    "token": row.token if same else None,
+                }
+            fresh_tokens += values["token"] is None
+            values.update(owner=owner, renewed_at=now, expires_at=now + ttl, attempt=attempt)
+            plans.append((rid, values, row, kind, drow))
+        # Fencing tokens for new holders: one bump of the counter, handed out in id order.
+        token = 0
+        if fresh_tokens:
+            token = next_counter(conn, FENCE_COUNTER, count=fresh_tokens) - fresh_tokens + 1
+        inserts = []
+        for rid, values, row, _, _ in plans:
+            if values["token"] is None:
+                values["token"], token = token, token + 1
+            if row is None:
+                inserts.append({"resource_id": rid, **values})
+                continue
             result = conn.execute(
                 update(l_t)
                 .where(
-                    l_t.c.resource_id == resource_id,
+                    l_t.c.resource_id == rid,
                     l_t.c.owner == row.owner,
                     l_t.c.attempt == row.attempt,
                     l_t.c.expires_at == row.expires_at,
@@ -137,56 +171,26 @@ class LeaseMixin(StoreBase):
             )
             if result.rowcount != 1:
                 raise _LostRace()
-        # What was just written, without reading it back (three statements per lease).
-        return Lease(
-            resource_id=resource_id,
-            owner=owner,
-            acquired_at_s=values["acquired_at"],
-            renewed_at_s=now,
-            expires_at_s=now + ttl,
-            kind=kind,
-            node=drow.node,
-            device_index=drow.device_index,
-            attempt=attempt,
-            token=int(values["token"]),
-        )
-
-    def _check_leasable(
-        self, conn: Connection, resource_id: str, drow: Row[Any], prow: Row[Any] | None
-    ) -> None:
-        where = f"{drow.node}:{drow.device_index}"
-        if not drow.present:
-            raise ResourceUnavailableError(resource_id, f"device {where} is not present")
-        if not drow.healthy:
-            why = f" ({drow.health_reason})" if drow.health_reason else ""
-            raise ResourceUnavailableError(resource_id, f"device {where} is unhealthy{why}")
-        node = self._node_row(conn, drow.node)
-        if node.role != "active":
-            raise ResourceUnavailableError(
-                resource_id,
-                f"node {drow.node!r} is in the spare pool; promote it with "
-                f"set_node_role({drow.node!r}, 'active') first",
+        if inserts:
+            # A concurrent INSERT of the same id raises IntegrityError; run_write retries
+            # the transaction, which then reads the winner's row and reports the conflict.
+            conn.execute(insert(l_t), inserts)
+        # What was just written, without reading it back.
+        return [
+            Lease(
+                resource_id=rid,
+                owner=values["owner"],
+                acquired_at_s=values["acquired_at"],
+                renewed_at_s=now,
+                expires_at_s=now + ttl,
+                kind=kind,
+                node=drow.node,
+                device_index=drow.device_index,
+                attempt=values["attempt"],
+                token=int(values["token"]),
             )
-        cordons = self._cordon_rows(conn, drow.node, drow.uuid)
-        if cordons:
-            raise ResourceUnavailableError(
-                resource_id, f"{where} is cordoned: {'; '.join(c.reason for c in cordons)}"
-            )
-        p_t, l_t = schema.partitions, schema.leases
-        if prow is None:
-            count = len(
-                conn.execute(select(p_t.c.uuid).where(p_t.c.device_uuid == drow.uuid)).all()
-            )
-            if count:
-                raise ResourceUnavailableError(
-                    resource_id, f"device {where} has {count} partition(s); lease one of them"
-                )
-            return
-        whole = conn.execute(select(l_t).where(l_t.c.resource_id == drow.uuid)).first()
-        if whole is not None and whole.expires_at > self._clock():
-            raise LeaseConflictError(
-                resource_id, whole.owner, whole.expires_at, f"device {where} is leased whole"
-            )
+            for rid, values, _, kind, drow in plans
+        ]
 
     def renew_lease(
         self, resource_id: str, owner: str, ttl_s: float, *, attempt: int | None = None
@@ -292,7 +296,7 @@ class LeaseMixin(StoreBase):
             now = self._clock()
             out = dict(counts)
             matched: list[str] = []
-            for chunk in _chunks(sorted(wanted)):
+            for chunk in in_chunks(sorted(wanted)):
                 # Row locks (PostgreSQL; SQLite's write lock covers it) keep what we match
                 # here exactly what the UPDATE below extends.
                 rows = conn.execute(
@@ -305,7 +309,7 @@ class LeaseMixin(StoreBase):
                     if key in wanted[r.resource_id]:
                         matched.append(r.resource_id)
                         out[key] += 1
-            for chunk in _chunks(matched):
+            for chunk in in_chunks(matched):
                 conn.execute(
                     update(l_t)
                     .where(l_t.c.resource_id.in_(chunk), l_t.c.expires_at > now)
@@ -332,6 +336,22 @@ class LeaseMixin(StoreBase):
             return conn.execute(query).rowcount > 0
 
         return self._write(work)
+
+    def release_leases(self, resource_ids: Sequence[str], owner: str) -> int:
+        """release_lease for several resources of ``owner`` in ONE statement; returns how
+        many were ended (those held by someone else are left alone)."""
+        check_name(owner, "lease owner")
+        ids = sorted({check_name(r, "resource id") for r in resource_ids})
+        l_t = schema.leases
+
+        def work(conn: Connection) -> int:
+            ended = 0
+            for chunk in in_chunks(ids):
+                query = delete(l_t).where(l_t.c.resource_id.in_(chunk), l_t.c.owner == owner)
+                ended += int(conn.execute(query).rowcount)
+            return ended
+
+        return self._write(work) if ids else 0
 
     def leases(self, owner: str | None = None, *, include_expired: bool = False) -> list[Lease]:
         """Unexpired leases (all of them with ``include_expired``), by resource id."""
@@ -417,3 +437,114 @@ class LeaseMixin(StoreBase):
         if found is None:  # pragma: no cover - we wrote it in this very transaction
             raise LeaseNotHeldError(f"lease on {resource_id!r} vanished inside its transaction")
         return found
+
+
+class _LeaseFacts:
+    """What taking leases on some resource ids checks, read for all of them at once: the
+    devices and partitions they name, their nodes and cordons, the partitions of devices
+    asked for whole, the whole-device leases over partitions asked for, their leases."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, Row[Any]] = {}
+        self.partitions: dict[str, Row[Any]] = {}
+        self.nodes: dict[str, Row[Any]] = {}
+        self.cordons: dict[str, list[Row[Any]]] = {}
+        self.parts_on: dict[str, int] = {}
+        self.leases: dict[str, Row[Any]] = {}
+
+    @classmethod
+    def read(cls, conn: Connection, ids: list[str]) -> _LeaseFacts:
+        d_t, p_t, n_t = schema.devices, schema.partitions, schema.nodes
+        c_t, l_t = schema.cordons, schema.leases
+        out = cls()
+        for chunk in in_chunks(ids):
+            out.devices.update(
+                (r.uuid, r) for r in conn.execute(select(d_t).where(d_t.c.uuid.in_(chunk)))
+            )
+        rest = [r for r in ids if r not in out.devices]
+        for chunk in in_chunks(rest):
+            out.partitions.update(
+                (r.uuid, r) for r in conn.execute(select(p_t).where(p_t.c.uuid.in_(chunk)))
+            )
+        parents = sorted({p.device_uuid for p in out.partitions.values()} - set(out.devices))
+        for chunk in in_chunks(parents):
+            out.devices.update(
+                (r.uuid, r) for r in conn.execute(select(d_t).where(d_t.c.uuid.in_(chunk)))
+            )
+        names = sorted({d.node for d in out.devices.values()})
+        for chunk in in_chunks(names):
+            out.nodes.update(
+                (r.name, r) for r in conn.execute(select(n_t).where(n_t.c.name.in_(chunk)))
+            )
+            for r in conn.execute(select(c_t).where(c_t.c.node.in_(chunk))):
+                out.cordons.setdefault(r.node, []).append(r)
+        whole = [r for r in ids if r in out.devices]
+        for chunk in in_chunks(whole):
+            counted = conn.execute(
+                select(p_t.c.device_uuid, func.count())
+                .where(p_t.c.device_uuid.in_(chunk))
+                .group_by(p_t.c.device_uuid)
+            )
+            out.parts_on.update((r[0], int(r[1])) for r in counted)
+        for chunk in in_chunks(sorted(set(ids) | set(parents))):
+            out.leases.update(
+                (r.resource_id, r)
+                for r in conn.execute(select(l_t).where(l_t.c.resource_id.in_(chunk)))
+            )
+        return out
+
+    def resolve(self, rid: str) -> tuple[str, Row[Any], Row[Any] | None]:
+        """(kind, device row, partition row or None), as StoreBase._resolve."""
+        drow = self.devices.get(rid)
+        if drow is not None and rid not in self.partitions:
+            return "device", drow, None
+        prow = self.partitions.get(rid)
+        if prow is None:
+            raise InvalidRequestError(
+                f"unknown resource {rid!r}: neither a device uuid nor a partition uuid "
+                "in the inventory"
+            )
+        return prow.kind, self.devices[prow.device_uuid], prow
+
+    def check_leasable(
+        self, rid: str, drow: Row[Any], prow: Row[Any] | None, now: float, taken_whole: set[str]
+    ) -> None:
+        """ResourceUnavailableError (or LeaseConflictError) when ``rid`` may not be leased:
+        absent, unhealthy, on a spare node, cordoned, a device split into partitions, or a
+        partition of a device leased whole."""
+        where = f"{drow.node}:{drow.device_index}"
+        if not drow.present:
+            raise ResourceUnavailableError(rid, f"device {where} is not present")
+        if not drow.healthy:
+            why = f" ({drow.health_reason})" if drow.health_reason else ""
+            raise ResourceUnavailableError(rid, f"device {where} is unhealthy{why}")
+        node = self.nodes[drow.node]
+        if node.role != "active":
+            raise ResourceUnavailableError(
+                rid,
+                f"node {drow.node!r} is in the spare pool; promote it with "
+                f"set_node_role({drow.node!r}, 'active') first",
+            )
+        cordons = [
+            c
+            for c in self.cordons.get(drow.node, [])
+            if c.device_uuid in (schema.NODE_CORDON, drow.uuid)
+        ]
+        if cordons:
+            raise ResourceUnavailableError(
+                rid, f"{where} is cordoned: {'; '.join(c.reason for c in cordons)}"
+            )
+        if prow is None:
+            count = self.parts_on.get(drow.uuid, 0)
+            if count:
+                raise ResourceUnavailableError(
+                    rid, f"device {where} has {count} partition(s); lease one of them"
+                )
+            return
+        whole = self.leases.get(drow.uuid)
+        if drow.uuid in taken_whole:
+            raise LeaseConflictError(rid, "this batch", now, f"device {where} is leased whole")
+        if whole is not None and whole.expires_at > now:
+            raise LeaseConflictError(
+                rid, whole.owner, whole.expires_at, f"device {where} is leased whole"
+            )

@@ -146,6 +146,30 @@ class LifecycleMixin(JobsMixin):
 
         return self._write(work)
 
+    def place_jobs(self, placements: Sequence[JobPlacement]) -> list[JobRecord]:
+        """place_job (without supersede) for several jobs in ONE transaction, all or none:
+        the first compare-and-swap that fails raises (JobConflictError, naming the job)
+        and nothing is written. A scheduler pass records all its placements at once."""
+        checked = []
+        for job_id, resource_ids, attempt, expect_state, fields in placements:
+            check_name(job_id, "job id")
+            if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+                raise JobConflictError(job_id, "an attempt >= 1", f"attempt {attempt!r}", P)
+            expected = None if expect_state is None else JobState(expect_state)
+            checked.append(
+                (job_id, attempt, expected, _values({**fields, "resource_ids": resource_ids}))
+            )
+
+        def work(conn: Connection) -> list[JobRecord]:
+            out = []
+            for job_id, attempt, expected, (values, extra) in checked:
+                row = self._job_row(conn, job_id)
+                _check_expected(row, expected, attempt - 1, P)
+                out.append(self._cas(conn, row, P, values, extra))
+            return out
+
+        return self._write(work)
+
     def mark_launching(self, job_id: str, attempt: int) -> bool:
         """placed -> launching for ``attempt`` (a launcher starting its runner); False when
         the attempt is already past placed (a retried launch). A stale attempt raises
@@ -214,6 +238,10 @@ class LifecycleMixin(JobsMixin):
                 str(target),
             )
         return job_record(self._job_row(conn, row.job_id))
+
+
+# (job id, resource ids, attempt, expected state or None, fields): one place_job
+JobPlacement = tuple[str, Sequence[str], int, str | None, dict[str, Any]]
 
 
 def _values(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

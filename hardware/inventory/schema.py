@@ -11,14 +11,20 @@ Identity choices that matter under failure:
 - a job row's (state, attempt) is what every lifecycle write compares and swaps.
 - times are float seconds from the inventory's clock (injectable for tests).
 
+- every change a scheduler decides on (a job row, a lease's holder, the fleet's shape) is
+  appended to gf_changes by triggers in the database itself (journal.py), so a reader can
+  follow what changed since its last read without trusting every writer to say so.
+
 SCHEMA_VERSION 2 added jobs.attempt, leases.attempt/token, gf_counters and gf_locks;
-engine.migrate brings a version-1 database up to it.
+SCHEMA_VERSION 3 added gf_changes and its triggers. engine.migrate brings older databases
+up to date.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -33,7 +39,7 @@ from sqlalchemy import (
     true,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NODE_CORDON = ""  # device_uuid of a cordon that covers the whole node
 
 metadata = MetaData()
@@ -170,4 +176,15 @@ locks = Table(
     Column("token", Integer, nullable=False),
     Column("acquired_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
+)
+
+# The change journal: one row per changed job, lease holder or piece of the fleet, written
+# by triggers (journal.py). ``rev`` only grows; SQLite's AUTOINCREMENT never reuses one.
+changes = Table(
+    "gf_changes",
+    metadata,
+    Column("rev", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("entity", String(16), nullable=False),  # job | lease | fleet
+    Column("key", String(255), nullable=False),  # job id, resource id, node or device uuid
+    sqlite_autoincrement=True,
 )

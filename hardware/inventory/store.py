@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuflow.hardware.inventory.control import ControlMixin
 from gpuflow.hardware.inventory.fleet import FleetMixin
+from gpuflow.hardware.inventory.journal import JournalMixin
 from gpuflow.hardware.inventory.leases import LeaseMixin
 from gpuflow.hardware.inventory.lifecycle import LifecycleMixin
 from gpuflow.hardware.inventory.locks import LockMixin
@@ -12,12 +13,20 @@ from gpuflow.hardware.inventory.sync import SyncMixin
 
 
 class Inventory(
-    SyncMixin, FleetMixin, LeaseMixin, LockMixin, ControlMixin, LifecycleMixin, SnapshotMixin
+    SyncMixin,
+    FleetMixin,
+    LeaseMixin,
+    LockMixin,
+    ControlMixin,
+    LifecycleMixin,
+    SnapshotMixin,
+    JournalMixin,
 ):
     """Durable cluster state: nodes, devices, partitions, cordons, the spare pool, leases,
     the job control channel, the scheduler's pass lock and a jobs registry whose states
     only the lifecycle (lifecycle.py) moves; ``snapshot()`` reads what a scheduler pass
-    needs of all that at once.
+    needs of all that at once, and the change journal (``journal_since``) what changed
+    since a pass last read it.
 
     ``Inventory()`` opens SQLite at GPUFLOW_HOME/inventory.db; ``Inventory(url)`` takes any
     SQLAlchemy URL (``postgresql+psycopg://...`` when several hosts share it). Tables are

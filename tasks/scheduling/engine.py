@@ -417,13 +417,7 @@ class Engine:
         self.queue.remove(job_id)
         self.reservations.pop(job_id, None)
         release_holds(self.fleet, job)
-        for vid in list(job.waiting_for):
-            v = self.jobs.get(vid)
-            if v is not None:
-                for u in v.allocation.values():
-                    if u.earmark == job_id:
-                        u.earmark = None
-        job.waiting_for.clear()
+        self._release_victims(job)
         job.state = state
         job.ended_at_s = now
         return job
@@ -486,6 +480,38 @@ class Engine:
             u = self.fleet.units.get(r)
             if u is not None and u.free:
                 hold(self.fleet, job, u)
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job as if it had never been restored: what it runs on or holds is free
+        again, its links to its victims and to whom it stops for are cut. The service
+        forgets a job whose inventory rows changed and restores it anew from them."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return
+        if job.state in (RUNNING, STOPPING):
+            self.running.remove(job)  # before the allocation goes: it counts the units
+        for u in job.allocation.values():
+            if u.owner == job_id:
+                self.fleet.set_owner(u, None)
+            u.earmark = None
+        job.allocation.clear()
+        release_holds(self.fleet, job)
+        self.queue.remove(job_id)
+        self.reservations.pop(job_id, None)
+        beneficiary = self.jobs.get(job.stop_for or "")
+        if beneficiary is not None:
+            beneficiary.waiting_for.discard(job_id)
+        self._release_victims(job)
+
+    def _release_victims(self, job: Job) -> None:
+        """The units earmarked for ``job`` by the victims it waits for are earmarked no more."""
+        for vid in list(job.waiting_for):
+            victim = self.jobs.get(vid)
+            if victim is not None:
+                for u in victim.allocation.values():
+                    if u.earmark == job.job_id:
+                        u.earmark = None
+        job.waiting_for.clear()
 
     def mark_external(self, rid: str, owner: str) -> None:
         """A resource leased by someone the scheduler does not know: not free, not a victim."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuflow.hardware.inventory import (
     ACTIVE_STATES,
+    ControlRequest,
     JobRecord,
     JobState,
     JobTransitionError,
@@ -24,18 +25,18 @@ from gpuflow.tasks.scheduling.model import (
     RUNNING,
     STOPPING,
 )
+from gpuflow.tasks.scheduling.refresh import RefreshMixin
 from gpuflow.tasks.scheduling.service_state import (
     ACK_GRACE_S,
     QUARANTINED,
     STOPPED_STATES,
     PassReport,
-    ServiceState,
 )
 
 log = logging.getLogger(__name__)
 
 
-class ReapMixin(ServiceState):
+class ReapMixin(RefreshMixin):
     """The reap and the waits for stopping victims (part of SchedulerService)."""
 
     def _pending_stops(self, engine: Engine) -> list[str]:
@@ -72,19 +73,44 @@ class ReapMixin(ServiceState):
         self._stale = []
         for job_id, error in sorted(self._invalid.items()):
             self._quarantine(job_id, error, report)
-        for job_id, record in list(self._records.items()):
+        candidates = self._reap_candidates(engine)
+        stops = [
+            int(s["stop_request_id"])
+            for s in map(self._sched, candidates.values())
+            if s.get("stop_request_id")
+        ]
+        self._controls = self.inventory.control_requests_by_id(stops) if stops else {}
+        for job_id, record in candidates.items():
             if job_id in self._invalid:
                 continue
             try:
                 self._reap_one(engine, job_id, record, report, now)
             except JobTransitionError as exc:
                 report.errors.append(f"{job_id}: {exc}")
+        self._controls = {}
+
+    def _reap_candidates(self, engine: Engine) -> dict[str, JobRecord]:
+        """The records the reap must look at: all after a rebuild; after changes applied,
+        the jobs they touched and the stopping ones (whose graces run out with time). No
+        other job's rows or leases changed, so nothing else has anything to reap."""
+        if self._reap_all:
+            self._reap_all = False
+            return dict(self._records)
+        ids = set(self._to_reap)
+        ids |= {j.job_id for j in engine.jobs.values() if j.state == STOPPING}
+        self._to_reap = set()
+        return {j: self._records[j] for j in sorted(ids) if j in self._records}
+
+    def _control(self, request_id: int) -> ControlRequest:
+        """A stop request, as the reap read it at its start (or now, if it did not)."""
+        found = self._controls.get(request_id)
+        return found if found is not None else self.inventory.control_request(request_id)
 
     def _quarantine(self, job_id: str, error: str, report: PassReport) -> None:
         """A stored request that no longer validates: the job fails as "quarantined",
         named in the report, and gives back what it holds; the pass goes on."""
-        for rid in sorted(self._owned.get(job_id, set())):
-            self._unlease(rid, job_id)
+        if self._owned.get(job_id):
+            self._unlease_all(set(self._owned[job_id]), job_id)
         try:
             self._write(job_id, JobState.FAILED, resource_ids=[], phase=QUARANTINED, reason=error)
         except JobTransitionError as exc:
@@ -100,8 +126,8 @@ class ReapMixin(ServiceState):
         job = engine.jobs.get(job_id)
         owned = self._owned.get(job_id, set())
         if record.state in (JobState.FINISHED, JobState.FAILED):
-            for rid in sorted(owned):
-                self._unlease(rid, job_id)
+            if owned:
+                self._unlease_all(set(owned), job_id)
             if s.get("phase") not in (FINISHED, FAILED, CANCELLED, QUARANTINED):
                 phase = FINISHED if record.state == JobState.FINISHED else FAILED
                 self._write(job_id, None, phase=phase)
@@ -111,7 +137,7 @@ class ReapMixin(ServiceState):
             return
         acked = None
         if s.get("stop_request_id"):
-            req = self.inventory.control_request(int(s["stop_request_id"]))
+            req = self._control(int(s["stop_request_id"]))
             acked = req if req.status == "acked" else None
         # After the ack the loop still writes "stopped": wait for that write (or a grace
         # period), or it could land after a re-placement and undo it.
@@ -153,8 +179,8 @@ class ReapMixin(ServiceState):
             if forced:
                 # It never answered: revoke its leases (its keeper stops it), answer the
                 # request ourselves and re-queue it from its last checkpoint, as lost.
-                for rid in sorted(owned):
-                    self._unlease(rid, job_id)
+                if owned:
+                    self._unlease_all(set(owned), job_id)
                 self._answer_stale_stop(s, record)
                 report.forced.append(job_id)
             ckpt = (acked.checkpoint_id if acked else None) or record.last_checkpoint_id
@@ -177,9 +203,11 @@ class ReapMixin(ServiceState):
             report.requeued.append(job_id)
             return
         if job.state in (RUNNING, STOPPING) and record.state in ACTIVE_STATES:
-            primary = record.resource_ids[0] if record.resource_ids else None
-            if primary is None or primary not in owned:
-                # The runner stopped renewing: it is gone. Resume from the last checkpoint.
+            placed = set(record.resource_ids)
+            if not placed or not placed <= owned:
+                # The runner keeps every unit of its attempt leased (binding.py's
+                # attempt_resources): one lapsed, it is gone or broken. Resume from the
+                # last checkpoint.
                 beneficiary = job.stop_for
                 engine.fail(job_id, now, requeue=True)
                 self._sync_leases(job, report)

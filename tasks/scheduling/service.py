@@ -1,9 +1,11 @@
 """The scheduler over the inventory: durable queue, leases, the control channel.
 
-Every pass rebuilds the engine from the inventory (one read of nodes, devices,
-partitions, cordons, leases and the jobs registry), lets it decide in memory, then writes
-back the difference: leases for what jobs run on or hold, registry rows for their state,
-control requests for the jobs that must stop. Nothing queries the database per decision.
+A pass brings the service's engine up to date with the inventory (refresh.py: the first
+one reads nodes, devices, partitions, cordons, leases and the jobs registry whole; later
+ones only what the inventory's change journal names since), lets it decide in memory,
+then writes back the difference: leases for what jobs run on or hold, registry rows for
+their state, control requests for the jobs that must stop. Nothing queries the database
+per decision.
 
 Durable representation (hardware.inventory, no tables of our own):
 - a scheduled job is a jobs-registry row whose spec is ``{"kind": SPEC_KIND, "request":
@@ -12,8 +14,9 @@ Durable representation (hardware.inventory, no tables of our own):
   victims, a job restarting after a shrink), are leases owned by (job id, attempt); a
   placement starts the next attempt and moves its leases to it;
 - a running job's first resource is its *primary*: the runner's LeaseKeeper renews that
-  lease every TTL/3; the service renews the others (one statement per job) while the
-  primary lives, and re-queues a job whose primary lease lapsed (its runner is gone).
+  lease every TTL/3 (a gang's runner all of them); the service renews the others and the
+  holds once a third of their TTL has gone (all due ones in one write) while the primary
+  lives, and re-queues a job whose primary lease lapsed (its runner is gone).
 
 One writer: every pass (schedule_once, place_one, submit, cancel) decides under the
 fleet-wide pass lock (hardware.inventory.locks), whoever runs it, and every job-state
@@ -42,9 +45,11 @@ from gpuflow.hardware.inventory import (
     JobRecord,
     JobState,
     JobTransitionError,
+    LeaseError,
     LockBusyError,
     Resource,
 )
+from gpuflow.hardware.inventory.lifecycle import JobPlacement
 from gpuflow.tasks.scheduling.engine import Engine, Job
 from gpuflow.tasks.scheduling.env import run_environment
 from gpuflow.tasks.scheduling.model import (
@@ -217,12 +222,21 @@ class SchedulerService(ReapMixin):
         decisions = engine.schedule(self._now())
         report.decide_s += time.perf_counter() - t0
         self._carry_out(engine, decisions, report)
-        self._renew_all(engine.live_jobs())
+        self._renew_all(engine)
         return engine
 
     def _carry_out(self, engine: Engine, decisions: list[object], report: PassReport) -> None:
         now = self._now()
         for d in decisions:
+            # What the engine changed in memory for a decision is not all written (a
+            # preemptor's pool, a failed write): the next refresh restores these anew.
+            self._dirty.add(getattr(d, "job_id", ""))
+            self._dirty.update(e.job_id for e in getattr(d, "evictions", ()))
+        starts = [d for d in decisions if isinstance(d, Placement) and not d.repartition]
+        self._start_all(engine, starts, report, now)
+        for d in decisions:
+            if d in starts:
+                continue
             try:
                 self._carry_out_one(engine, d, report, now)
             except JobTransitionError as exc:
@@ -257,6 +271,82 @@ class SchedulerService(ReapMixin):
         elif isinstance(d, Activation):
             self._write(d.job_id, None, phase=QUEUED)
 
+    def _start_all(
+        self, engine: Engine, starts: list[Placement], report: PassReport, now: float
+    ) -> None:
+        """Start the pass's placements: every lease in one transaction, their resources in
+        one read, every job row in one transaction. When the batch cannot be written
+        whole (a lease taken meanwhile, a job that moved), one placement at a time, which
+        says which."""
+        batch = [d for d in starts if self._leases_move_whole(engine.jobs[d.job_id])]
+        attempts = {d.job_id: self._attempt(d.job_id) + 1 for d in batch}
+        wanted = {
+            (d.job_id, attempts[d.job_id]): self._wanted(engine.jobs[d.job_id]) for d in batch
+        }
+        try:
+            if wanted:
+                self.inventory.acquire_leases_of(wanted, self.config.lease_ttl_s)
+        except (LeaseError, InvalidRequestError):
+            batch = []
+        for (job_id, _), rids in wanted.items() if batch else ():
+            self._owned.setdefault(job_id, set()).update(rids)
+        for d in starts:
+            if d not in batch:
+                try:
+                    self._started(engine, d, report, now)
+                except JobTransitionError as exc:
+                    report.errors.append(f"{d.job_id}: {exc}")
+        if not batch:
+            return
+        rids = [r for d in batch for r in d.resource_ids]
+        found = {r.resource_id: r for r in self.inventory.resources_by_id(rids)}
+        rows = [self._placed_row(d, attempts[d.job_id], found, now) for d in batch]
+        try:
+            written = self.inventory.place_jobs([row for row, _ in rows])
+        except JobTransitionError:
+            for d, (_, env) in zip(batch, rows, strict=True):
+                try:
+                    self._record_start(d, attempts[d.job_id], env, report, now)
+                except JobTransitionError as exc:
+                    report.errors.append(f"{d.job_id}: {exc}")
+            return
+        for d, record, (_, env) in zip(batch, written, rows, strict=True):
+            self._records[d.job_id] = record
+            report.placed.append({**d.to_dict(), "env": env})
+
+    def _leases_move_whole(self, job: Job) -> bool:
+        """Whether the job's leases for its next attempt are all to take: nothing it has
+        now is to be given back (else _sync_leases, one job at a time)."""
+        return self._owned.get(job.job_id, set()) <= set(self._wanted(job))
+
+    @staticmethod
+    def _wanted(job: Job) -> list[str]:
+        return sorted(set(job.allocation) | set(job.holds))
+
+    def _placed_row(
+        self, d: Placement, attempt: int, found: dict[str, Resource], now: float
+    ) -> tuple[JobPlacement, dict[str, Any]]:
+        """(the place_jobs row, the run environment) of a placement whose leases are taken."""
+        resources = [found[r] for r in d.resource_ids]
+        env = run_environment(resources, d.job_id, self.backend.name if self.backend else "unknown")
+        record = self._records[d.job_id]
+        sched = {**self._sched(record), **self._start_fields(d, env.to_dict(), now)}
+        row = (d.job_id, list(d.resource_ids), attempt, record.state, {"sched": sched})
+        return row, env.to_dict()
+
+    @staticmethod
+    def _start_fields(d: Placement, env: dict[str, Any], now: float) -> dict[str, Any]:
+        return {
+            "phase": RUNNING,
+            "started_at_s": now,
+            "placement": d.to_dict(),
+            "env": env,
+            "stop_request_id": None,
+            "stop_for": None,
+            "stop_action": None,
+            "release": [],
+        }
+
     def _started(self, engine: Engine, d: Placement, report: PassReport, now: float) -> None:
         job = engine.jobs[d.job_id]
         attempt = self._attempt(d.job_id) + 1  # the placement starts the next attempt
@@ -265,21 +355,19 @@ class SchedulerService(ReapMixin):
             return
         resources = self.inventory.resources_by_id(d.resource_ids)
         env = run_environment(resources, d.job_id, self.backend.name if self.backend else "unknown")
+        self._record_start(d, attempt, env.to_dict(), report, now)
+
+    def _record_start(
+        self, d: Placement, attempt: int, env: dict[str, Any], report: PassReport, now: float
+    ) -> None:
         self._write(
             d.job_id,
             JobState.PLACED,
             resource_ids=list(d.resource_ids),
             attempt=attempt,
-            phase=RUNNING,
-            started_at_s=now,
-            placement=d.to_dict(),
-            env=env.to_dict(),
-            stop_request_id=None,
-            stop_for=None,
-            stop_action=None,
-            release=[],
+            **self._start_fields(d, env, now),
         )
-        report.placed.append({**d.to_dict(), "env": env.to_dict()})
+        report.placed.append({**d.to_dict(), "env": env})
 
     def _preempt(self, engine: Engine, d: Preemption, report: PassReport) -> None:
         for e in d.evictions:

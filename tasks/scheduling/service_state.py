@@ -1,8 +1,7 @@
-"""The scheduler service's view of the inventory: reading the fleet, the jobs and their
-leases into an engine (``refresh``), and writing decisions back through the job
-lifecycle (compare-and-swap on the (state, attempt) read) and leases owned by (job,
-attempt). The pass logic is in reap.py and service.py; the vocabulary shared by all three
-is here."""
+"""The scheduler service's state and its writes: what it read of the inventory (kept
+up to date by refresh.py), and decisions written back through the job lifecycle
+(compare-and-swap on the (state, attempt) read) and leases owned by (job, attempt). The
+pass logic is in reap.py and service.py; the vocabulary they share is here."""
 
 from __future__ import annotations
 
@@ -11,27 +10,22 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuflow.hardware.backend import Backend, InvalidRequestError
 from gpuflow.hardware.inventory import (
-    ACTIVE_STATES,
+    ControlRequest,
     Inventory,
     JobRecord,
     JobState,
     Lease,
     LeaseError,
 )
+from gpuflow.hardware.inventory.feed import ChangeFeed
 from gpuflow.tasks.scheduling.engine import Engine, Job
-from gpuflow.tasks.scheduling.model import (
-    QUEUED,
-    RESERVED,
-    RUNNING,
-    STOPPING,
-    JobRequest,
-    SchedulerConfig,
-)
+from gpuflow.tasks.scheduling.lease_cache import LeaseCache
+from gpuflow.tasks.scheduling.model import DONE_STATES, JobRequest, SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +39,7 @@ STOP_GRACE_S = 300.0  # a victim silent this long after a stop request is force-
 SEQ_COUNTER = "scheduler-seq"
 STOPPED_STATES = (JobState.STOPPED, JobState.LOST)  # waiting to be re-queued by a pass
 QUARANTINED = "quarantined"  # the phase of a job whose stored request no longer validates
+RENEW_AFTER = 1 / 3  # of its TTL gone, a lease the service keeps is renewed (as keepers do)
 
 
 def is_scheduled(record: JobRecord) -> bool:
@@ -61,7 +56,7 @@ def checkpoint_step(checkpoint_id: str | None) -> int | None:
         return None
 
 
-def _invalid_message(exc: Exception) -> str:
+def invalid_message(exc: Exception) -> str:
     return f"stored request does not validate: {' '.join(str(exc).split())[:300]}"
 
 
@@ -137,152 +132,21 @@ class ServiceState:
         self._owned: dict[str, set[str]] = {}  # owner -> resource ids it leases (snapshot)
         self._lease_of: dict[str, Lease] = {}
         self._stale: list[Lease] = []  # leases of an older attempt: fenced in the reap
+        self._stale_of: dict[str, Lease] = {}
+        self._cache = LeaseCache()  # the leases as last read
+        self._feed = ChangeFeed(inventory)
+        self._built = False  # whether self.engine reflects the inventory (a refresh ran)
+        self._passes_since_prune = 0
+        self._dirty: set[str] = set()  # jobs a pass decided on: restored anew next time
+        self._reap_all = True  # the next reap looks at every record (after a rebuild)
+        self._to_reap: set[str] = set()  # else these (touched by the last refresh)
+        self._controls: dict[int, ControlRequest] = {}  # stop requests the reap read
+        self.rebuilds = 0  # refreshes that read the whole inventory (the first, fleet changes)
         self._invalid: dict[str, str] = {}  # job id -> why its stored request is invalid
         self._requests: dict[str, tuple[Any, JobRequest]] = {}  # job id -> (stored, valid)
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
 
-    # ================================================================= loading
-    def refresh(self) -> Engine:
-        """Rebuild the engine from the inventory."""
-        now = self._now()
-        snap = self.inventory.snapshot()  # one read of everything below
-        engine = Engine(self.config)
-        fleet = engine.fleet
-        cordoned_nodes: set[str] = set()
-        cordoned_devices: set[str] = set()
-        for c in snap.cordons:
-            if c.device_uuid is None:
-                cordoned_nodes.add(c.node)
-            else:
-                cordoned_devices.add(c.device_uuid)
-        for n in snap.nodes:
-            fleet.add_node(
-                n.name, n.region, active=n.role == "active", cordoned=n.name in cordoned_nodes
-            )
-        for d in snap.devices:
-            fleet.add_device(
-                d.node,
-                d.index,
-                d.uuid,
-                d.sku,
-                d.vendor,
-                d.memory_total_mb,
-                d.partition_kinds,
-                healthy=d.healthy,
-                cordoned=d.uuid in cordoned_devices,
-            )
-        for p in snap.partitions:
-            if p.device_uuid in fleet.devices:
-                fleet.add_partition(
-                    p.device_uuid,
-                    p.uuid,
-                    p.profile,
-                    p.kind,
-                    p.memory_mb,
-                    p.compute_units,
-                    p.placement_start,
-                    p.placement_size,
-                )
-        records = [r for r in snap.jobs if is_scheduled(r)]
-        self._records = {r.job_id: r for r in records}
-        # A lease of an older attempt of a scheduled job is fenced: given back in the reap.
-        attempt_of = {r.job_id: r.attempt for r in records}
-        leases: list[Lease] = []
-        self._stale = []
-        for x in snap.leases:
-            stale = x.owner in attempt_of and x.attempt != attempt_of[x.owner]
-            (self._stale if stale else leases).append(x)
-        self._lease_of = {lease.resource_id: lease for lease in leases}
-        self._owned = {}
-        for lease in leases:
-            self._owned.setdefault(lease.owner, set()).add(lease.resource_id)
-        live = [
-            r
-            for r in records
-            if r.state == JobState.QUEUED or r.state in ACTIVE_STATES or r.state in STOPPED_STATES
-        ]
-        self._invalid = {}
-        requests: dict[str, JobRequest] = {}
-        for r in live:
-            try:
-                requests[r.job_id] = self._validated(r)
-            except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError too
-                self._invalid[r.job_id] = _invalid_message(exc)
-        # Validated once per request, across passes: the stored request is compared, not
-        # validated again (pydantic for every live job, every pass, adds up at 10,000 GPUs).
-        self._requests = {k: v for k, v in self._requests.items() if k in requests}
-        live = [r for r in live if r.job_id not in self._invalid]
-        live.sort(key=lambda r: self._sched(r).get("seq", 0))
-        # Running jobs first: their leases are facts; holds of queued jobs come after.
-        for r in live:
-            if r.state == "queued":
-                continue
-            s = self._sched(r)
-            units = [rid for rid in r.resource_ids if rid in self._owned.get(r.job_id, set())]
-            units += sorted(self._owned.get(r.job_id, set()) - set(units))
-            try:
-                restored = engine.restore_running(
-                    requests[r.job_id],
-                    s.get("seq", 0),
-                    units,
-                    now,
-                    started_at_s=s.get("started_at_s"),
-                    checkpoint_at_s=r.updated_at_s,
-                )
-                restored.preemptions = int(s.get("preemptions", 0))
-                restored.last_checkpoint_id = r.last_checkpoint_id
-            except InvalidRequestError as exc:
-                log.warning("cannot restore job %s: %s", r.job_id, exc)
-        for r in live:
-            if r.state != "queued":
-                continue
-            s = self._sched(r)
-            engine_job = self._restore_queued(engine, requests[r.job_id], s, now)
-            engine_job.preemptions = int(s.get("preemptions", 0))
-            engine_job.last_checkpoint_id = r.last_checkpoint_id
-            engine.restore_holds(engine_job.job_id, sorted(self._owned.get(r.job_id, set())))
-        # Stopping victims: link them to whom they stop for (earmarks and waiting_for).
-        for r in live:
-            s = self._sched(r)
-            job = engine.jobs.get(r.job_id)
-            if job is None or s.get("phase") != "stopping" or job.state != RUNNING:
-                continue
-            job.state = STOPPING
-            job.stop_action = s.get("stop_action") or "preempt"
-            job.stop_for = s.get("stop_for")
-            job.release_on_stop = tuple(s.get("release") or job.allocation)
-            beneficiary = engine.jobs.get(job.stop_for or "")
-            for rid in job.release_on_stop:
-                unit = job.allocation.get(rid)
-                if unit is not None and beneficiary is not None:
-                    unit.earmark = beneficiary.job_id
-            if beneficiary is not None:
-                beneficiary.waiting_for.add(job.job_id)
-        known = {r.job_id for r in records}
-        for lease in leases:
-            job = engine.jobs.get(lease.owner)
-            if job is not None:
-                continue
-            if lease.owner in known:
-                continue  # a finished scheduled job's lease: reaped in this pass
-            engine.mark_external(lease.resource_id, lease.owner)
-        self.engine = engine
-        return engine
-
-    def _restore_queued(
-        self, engine: Engine, req: JobRequest, s: dict[str, Any], now: float
-    ) -> Job:
-        try:
-            return engine.submit(
-                req, s.get("submitted_at_s", now), seq=s.get("seq"), enforce_depth=False
-            )
-        except InvalidRequestError:
-            # Admitted once, infeasible now (the fleet shrank): keep it waiting, never drop it.
-            job = Job(request=req, seq=int(s.get("seq", 0)), state=QUEUED, submitted_at_s=now)
-            engine.jobs[req.job_id] = job
-            engine.queue.add(req.job_id, req.priority, job.seq, req.pool)
-            return job
-
+    # ================================================================= reading
     @staticmethod
     def _sched(record: JobRecord) -> dict[str, Any]:
         return dict(record.info.get("sched") or {})
@@ -309,7 +173,7 @@ class ServiceState:
         try:
             cls._request(record)
         except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError too
-            return _invalid_message(exc)
+            return invalid_message(exc)
         return None
 
     # ================================================================= writing
@@ -358,6 +222,12 @@ class ServiceState:
         self.inventory.acquire_lease(rid, owner, self.config.lease_ttl_s, attempt=attempt)
         self._owned.setdefault(owner, set()).add(rid)
 
+    def _unlease_all(self, rids: set[str] | list[str], owner: str) -> None:
+        """Give back several of ``owner``'s leases in one statement."""
+        self.inventory.release_leases(sorted(rids), owner)
+        for rid in rids:
+            self._owned.get(owner, set()).discard(rid)
+
     def _unlease(self, rid: str, owner: str) -> None:
         self.inventory.release_lease(rid, owner)
         self._owned.get(owner, set()).discard(rid)
@@ -371,8 +241,8 @@ class ServiceState:
         at = current if attempt is None else attempt
         want = set(job.allocation) | set(job.holds)
         have = set(self._owned.get(job.job_id, set()))
-        for rid in sorted(have - want):
-            self._unlease(rid, job.job_id)
+        if have - want:
+            self._unlease_all(have - want, job.job_id)
         todo = sorted(want if at != current else want - have)
         if todo:
             try:
@@ -395,35 +265,44 @@ class ServiceState:
                 return False
         return True
 
-    def _renew_all(self, jobs: list[Job]) -> None:
-        """Keep live jobs' leases (see _to_renew), all of them in one inventory write."""
+    def _renew_all(self, engine: Engine) -> None:
+        """Keep what the service holds for jobs (see _to_renew), each lease once a third of
+        its TTL has gone as this service last read or renewed it, all due ones in one
+        inventory write: not every lease every pass."""
+        now = self._now()
+        ttl = self.config.lease_ttl_s
         renewals: dict[tuple[str, int], list[str]] = {}
-        for job in jobs:
-            renew = self._to_renew(job)
+        for job in engine.jobs.values():
+            if not job.holds or job.state in DONE_STATES:
+                continue
+            renew = sorted(r for r in self._to_renew(job) if self._renewal_due(r, now, ttl))
             if renew:
                 renewals[(job.job_id, self._attempt(job.job_id))] = renew
         if not renewals:
             return
-        renewed = self.inventory.renew_leases_of(renewals, self.config.lease_ttl_s)
+        renewed = self.inventory.renew_leases_of(renewals, ttl)
         for (job_id, attempt), renew in renewals.items():
-            if renewed[(job_id, attempt)] < len(set(renew)):
+            if renewed[(job_id, attempt)] < len(renew):
                 log.warning(
                     "renewed %d of %d lease(s) of %s attempt %d; the rest lapsed",
                     renewed[(job_id, attempt)],
-                    len(set(renew)),
+                    len(renew),
                     job_id,
                     attempt,
                 )
+                continue  # which ones lapsed, the next refresh reads (their expiry is due)
+            for rid in renew:
+                lease = self._cache.get(rid)
+                if lease is not None:
+                    self._cache.put(replace(lease, renewed_at_s=now, expires_at_s=now + ttl))
+
+    def _renewal_due(self, rid: str, now: float, ttl: float) -> bool:
+        lease = self._cache.get(rid)
+        return lease is None or lease.expires_at_s - now <= ttl * (1 - RENEW_AFTER)
 
     def _to_renew(self, job: Job) -> list[str]:
-        """What of a live job's leases the service keeps: holds always; a running job's
-        secondary units only while its primary (renewed by the runner) lives."""
+        """What of a live job's leases the service keeps: what it holds for the job (a
+        reservation, a preemptor's units, a growth). What a job runs on, its runner keeps
+        (every unit of its attempt: tasks/training/binding.attempt_resources)."""
         owned = self._owned.get(job.job_id, set())
-        if job.state in (QUEUED, RESERVED):
-            return [r for r in job.holds if r in owned]
-        record = self._records.get(job.job_id)
-        primary = record.resource_ids[0] if record and record.resource_ids else None
-        if primary is None or primary not in owned:
-            return []
-        renew = [r for r in job.allocation if r in owned and r != primary]
-        return renew + [r for r in job.holds if r in owned]
+        return [r for r in job.holds if r in owned]

@@ -104,3 +104,13 @@ def bind_held_lease(
         return None
     res = inventory.resource(resource_id)
     return Binding(res, lease, _sku_or_none(res.sku), torch_device_for(backend), backend.name)
+
+
+def attempt_resources(inventory: Inventory, job_id: str, attempt: int, primary: str) -> list[str]:
+    """Every unit the attempt was placed on, ``primary`` first: what its runner keeps
+    leased. A gang trained by one process (a scheduled job of N units whose spec asks for
+    one GPU) still keeps all N, so the scheduler never has to renew a running job's
+    leases for it."""
+    record = inventory.job(job_id)
+    placed = list(record.resource_ids) if record.attempt == attempt else []
+    return [primary, *(r for r in placed if r != primary)]

@@ -20,7 +20,12 @@ from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
 from gpuflow.hardware.inventory import JobState, LeaseLostError
 from gpuflow.hardware.inventory.keeper import LeaseKeeper
-from gpuflow.tasks.training.binding import Binding, DeviceRequest, lease_device
+from gpuflow.tasks.training.binding import (
+    Binding,
+    DeviceRequest,
+    attempt_resources,
+    lease_device,
+)
 from gpuflow.tasks.training.checkpoint import checkpoint_manager
 from gpuflow.tasks.training.loop import (
     CHECKPOINT_AND_STOP,
@@ -179,7 +184,8 @@ def run_training(
         hooks.append(log_metrics)
 
     attempt = binding.lease.attempt
-    keeper = lease_keeper(inventory, spec.job_id, attempt, [res.resource_id], LEASE_TTL_S)
+    units = attempt_resources(inventory, spec.job_id, attempt, res.resource_id)
+    keeper = lease_keeper(inventory, spec.job_id, attempt, units, LEASE_TTL_S)
 
     def checkpointed(cid: str, step: int) -> None:
         keeper.check()

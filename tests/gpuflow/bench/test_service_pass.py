@@ -37,10 +37,14 @@ def test_the_study_fleet_backend_reports_every_gpu_once() -> None:
 def _check_passes(section: dict, store: str) -> None:
     assert section["store"] == store and section["measured"] is True
     assert section["fleet_gpus"] == 200 and section["passes"] == 12
-    assert section["queued_at_start"] >= 40 and section["running_jobs_at_start"] > 0
-    # Every pass did real work: jobs finished before it, and it placed some of the queue.
+    # The queue was topped up to 40; the settle pass placed what of it fit at once.
+    assert section["queued_at_start"] + section["settle_placed"] >= 40
+    assert section["queued_at_start"] > 0 and section["running_jobs_at_start"] > 0
+    assert section["rebuilds_in_timed_passes"] == 0  # the engine was kept across passes
+    # Every pass had work: jobs finished before it (a pass may still place nothing, when
+    # what they freed fits no queued job), and the passes placed some of the queue.
     assert section["finished_between_passes"] == 12 * 3
-    assert section["placed_min_per_pass"] >= 1 and section["pass_errors"] == 0
+    assert section["placed_total"] > 0 and section["pass_errors"] == 0
     assert 0 < section["pass_p50_ms"] <= section["pass_p99_ms"] <= section["pass_max_ms"]
     assert section["read_p50_ms"] > 0 and section["write_p50_ms"] > 0
 

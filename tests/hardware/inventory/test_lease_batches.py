@@ -53,3 +53,31 @@ def test_renew_leases_of_counts_per_owner_and_attempt(
     assert synced.renew_leases_of({}, 300) == {}
     with pytest.raises(InvalidRequestError, match="ttl_s"):
         synced.renew_leases_of({("a", 1): ["MIG-a"]}, 0)
+
+
+def test_acquire_leases_of_takes_every_owners_leases_or_none(synced: Inventory) -> None:
+    taken = synced.acquire_leases_of({("a", 1): ["MIG-a", "GPU-n1-1"], ("b", 2): ["MIG-b"]}, 30)
+    assert {k: [x.resource_id for x in v] for k, v in taken.items()} == {
+        ("a", 1): ["MIG-a", "GPU-n1-1"],
+        ("b", 2): ["MIG-b"],
+    }
+    tokens = [x.token for v in taken.values() for x in v]
+    assert len(set(tokens)) == 3, "one fencing token per new holder"
+    # One conflict anywhere in the batch: nothing of it is written.
+    with pytest.raises(LeaseConflictError, match="'a'"):
+        synced.acquire_leases_of({("c", 1): ["GPU-n2-0"], ("d", 1): ["GPU-n1-1"]}, 30)
+    assert synced.lease("GPU-n2-0") is None
+    with pytest.raises(InvalidRequestError, match="asked for by both"):
+        synced.acquire_leases_of({("c", 1): ["GPU-n2-0"], ("d", 1): ["GPU-n2-0"]}, 30)
+    # A device split into partitions is refused whole, as one at a time.
+    synced.release_lease("MIG-a", "a")
+    with pytest.raises(ResourceUnavailableError, match="partition"):
+        synced.acquire_leases_of({("e", 1): ["GPU-n1-0"]}, 30)
+
+
+def test_release_leases_ends_only_the_owners(synced: Inventory) -> None:
+    synced.acquire_leases(["MIG-a", "MIG-b"], "a", 30, attempt=1)
+    synced.acquire_lease("GPU-n1-1", "b", 30)
+    assert synced.release_leases(["MIG-a", "MIG-b", "GPU-n1-1", "GPU-n2-0"], "a") == 2
+    assert [x.resource_id for x in synced.leases()] == ["GPU-n1-1"]
+    assert synced.release_leases([], "a") == 0

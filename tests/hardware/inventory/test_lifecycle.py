@@ -164,7 +164,10 @@ def test_a_version_1_database_is_migrated_in_place(inventory_url: str, clock: Ma
             text("SELECT value FROM gf_meta WHERE key = 'schema_version'")
         ).scalar_one()
     engine.dispose()
-    assert version == "2"
+    assert version == "3"  # through version 2 to the change journal's
+    start = inv.journal_tail(1)[0]
+    inv.record_job("new", {"kind": "test"})
+    assert [key for _, _, key in inv.journal_since(start).rows] == ["new"]
     Inventory(inventory_url).close()  # a second open finds nothing to migrate
 
 
@@ -292,3 +295,21 @@ def test_a_keeper_whose_lease_was_taken_over_stops_the_attempt(inv: Inventory, r
         keeper.check()
     with pytest.raises(InvalidRequestError, match="at least one resource"):
         LeaseKeeper(inv, "job", 1, [], 300)
+
+
+def test_place_jobs_places_all_or_none(inv: Inventory) -> None:
+    for job_id in ("a", "b"):
+        inv.record_job(job_id, {"kind": "test"})
+    inv.place_job("b", ["GPU-x"], attempt=1)  # b moved meanwhile: the batch is stale for it
+    with pytest.raises(JobConflictError, match="'b'"):
+        inv.place_jobs([("a", ["GPU-y"], 1, "queued", {}), ("b", ["GPU-z"], 1, "queued", {})])
+    assert inv.job("a").state == "queued", "nothing of a refused batch is written"
+    inv.record_job("c", {"kind": "test"})
+    placed = inv.place_jobs(
+        [("a", ["GPU-y"], 1, "queued", {"note": 1}), ("c", ["GPU-z"], 1, None, {})]
+    )
+    assert [(r.job_id, r.state, r.attempt, r.resource_ids) for r in placed] == [
+        ("a", "placed", 1, ("GPU-y",)),
+        ("c", "placed", 1, ("GPU-z",)),
+    ]
+    assert inv.job("a").info["note"] == 1

@@ -46,7 +46,12 @@ from gpuflow.tasks.remediation.steps import (
 from gpuflow.tasks.scheduling.model import JobRequest, SchedulerConfig
 from gpuflow.tasks.scheduling.service import SchedulerService
 from gpuflow.tasks.scheduling.train_placement import release_placement
-from gpuflow.tasks.training.binding import Binding, DeviceRequest, torch_device_for
+from gpuflow.tasks.training.binding import (
+    Binding,
+    DeviceRequest,
+    attempt_resources,
+    torch_device_for,
+)
 from gpuflow.tasks.training.checkpoint import CheckpointManager, StaleTokenError
 from gpuflow.tasks.training.job import FencedControl
 from gpuflow.tasks.training.loop import CHECKPOINT_AND_STOP
@@ -55,6 +60,7 @@ from gpuflow.tasks.training.storage import open_store
 from sqlalchemy import create_engine, text
 
 from tests.helpers.clock import ManualClock
+from tests.helpers.engine_state import engine_state
 
 FLEET_YAML = """
 name: lifecycle-machine
@@ -260,7 +266,7 @@ class Actors:
             runner.inventory,
             job_id,
             attempt,
-            [binding.resource.resource_id],
+            attempt_resources(runner.inventory, job_id, attempt, binding.resource.resource_id),
             TTL_S,
             clock=self.clock,
         )
@@ -456,6 +462,22 @@ class Actors:
         self.no_lost_job(jobs)
         self.one_live_attempt(jobs, leases)
         self.leases_have_live_attempts(jobs, leases)
+        self.engines_agree()
+
+    def engines_agree(self) -> None:
+        """Each scheduler keeps its engine and applies what the change journal names: it
+        must be the engine a fresh service rebuilds from the whole inventory."""
+        fresh = SchedulerService(
+            self.observer,
+            self.backend,
+            self.schedulers[0].config,
+            now=self.clock,
+            stop_grace_s=STOP_GRACE_S,
+            lock_wait_s=0.0,
+        )
+        rebuilt = engine_state(fresh.refresh())
+        for n, svc in enumerate(self.schedulers):
+            assert engine_state(svc.refresh()) == rebuilt, f"scheduler {n}'s kept engine"
 
     def no_lost_job(self, jobs: dict[str, JobRecord]) -> None:
         assert set(jobs) == set(self.count)

@@ -43,6 +43,8 @@ Invariants after every step:
   example (teardown) every process is gone, every device repaired and every lease and
   grace run out: passes and fresh runners must then bring every job that was not
   cancelled to "finished".
+- one engine: each scheduler's engine, kept across passes and brought up to date from
+  the inventory's change journal, is the one a fresh service rebuilds from everything.
 Every action also checks its own outcome: a renewal, a checkpoint or a job-state write
 is refused exactly when it is stale.
 
