@@ -167,3 +167,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         server = "; ".join(sorted(servers)) or "no server (see the errors)"
         counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
         terminalreporter.write_line(f"PostgreSQL tests, {server}: {counts}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that start real servers first, the slow ones of them first of all: they
+    are the longest, and xdist hands files out in this order, so both workers end together instead of one waiting for the
+    other's last long file (the same order in every worker: a stable sort)."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("integration") is None,
+            item.get_closest_marker("slow") is None,
+        )
+    )

@@ -39,7 +39,7 @@ import yaml
 from tests.helpers.hosts import two_hosts
 from tests.helpers.step_gate import StepGate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
 JOB = "box-job"
 STEPS, INTERVAL, HOLD_AT = 60, 25, 30  # held after its first checkpoint
