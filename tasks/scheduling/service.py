@@ -13,10 +13,10 @@ Durable representation (hardware.inventory, no tables of our own):
 - what a job runs on, and what is held for it (a reservation, a preemptor waiting for its
   victims, a job restarting after a shrink), are leases owned by (job id, attempt); a
   placement starts the next attempt and moves its leases to it;
-- a running job's first resource is its *primary*: the runner's LeaseKeeper renews that
-  lease every TTL/3 (a gang's runner all of them); the service renews the others and the
-  holds once a third of their TTL has gone (all due ones in one write) while the primary
-  lives, and re-queues a job whose primary lease lapsed (its runner is gone).
+- a running job's runner keeps every unit of its attempt leased (its LeaseKeeper renews
+  them all every TTL/3: tasks/training/binding.attempt_resources); the service renews
+  only what it holds for jobs, once a third of a lease's TTL has gone (all due ones in one
+  write), and re-queues a running job one of whose leases lapsed (its runner is gone).
 
 One writer: every pass (schedule_once, place_one, submit, cancel) decides under the
 fleet-wide pass lock (hardware.inventory.locks), whoever runs it, and every job-state
