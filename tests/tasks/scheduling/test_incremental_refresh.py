@@ -19,6 +19,24 @@ def _a100(job_id: str, **kw) -> JobRequest:
     return JobRequest(job_id=job_id, skus=("a100-40gb",), **kw)
 
 
+def _differences(kept: dict, rebuilt: dict) -> str:
+    """Where the kept engine and the rebuilt one disagree, entry by entry."""
+    out = []
+    for part in kept:
+        a, b = kept[part], rebuilt[part]
+        if a == b:
+            continue
+        if isinstance(a, dict):
+            out += [
+                f"{part}[{key}]: kept {a.get(key)} / rebuilt {b.get(key)}"
+                for key in sorted(set(a) | set(b), key=str)
+                if a.get(key) != b.get(key)
+            ]
+        else:
+            out.append(f"{part}: kept {a} / rebuilt {b}")
+    return "\n".join(out)
+
+
 class Pair:
     """A long-lived service, and a fresh one built for each comparison, on one store."""
 
@@ -43,24 +61,7 @@ class Pair:
             rebuilt = engine_state(fresh.refresh())
         finally:
             fresh.inventory.close()
-        if kept != rebuilt:
-            for k in kept:
-                if kept[k] != rebuilt[k]:
-                    print("KEY", k)
-                    if isinstance(kept[k], dict):
-                        for j in set(kept[k]) | set(rebuilt[k]):
-                            if kept[k].get(j) != rebuilt[k].get(j):
-                                print(
-                                    " ",
-                                    j,
-                                    "\n   kept",
-                                    kept[k].get(j),
-                                    "\n   full",
-                                    rebuilt[k].get(j),
-                                )
-                    else:
-                        print(kept[k], "\n", rebuilt[k])
-        assert kept == rebuilt
+        assert kept == rebuilt, _differences(kept, rebuilt)
         return kept
 
     def keep_runners(self) -> None:
