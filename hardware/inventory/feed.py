@@ -54,6 +54,7 @@ class ChangeFeed:
         self.low: int | None = None  # None: not started
         self._seen: set[int] = set()  # revs above ``low`` already reported
         self._gaps: dict[int, float] = {}  # rev missing above ``low`` -> when first missed
+        self.epoch = ""  # the journal followed (its tables made again: another one)
 
     @property
     def started(self) -> bool:
@@ -62,7 +63,7 @@ class ChangeFeed:
     def start(self) -> None:
         """Follow from now: call it right before reading the inventory whole. Recent revs
         not yet visible (PostgreSQL) are waited for like any other gap."""
-        newest, present, pruned = self.inventory.journal_tail(START_WINDOW)
+        newest, present, pruned, self.epoch = self.inventory.journal_tail(START_WINDOW)
         self.low = max(newest - START_WINDOW, pruned, 0)
         self._seen = {r for r in present if r > self.low}
         self._gaps = {}
@@ -74,11 +75,12 @@ class ChangeFeed:
 
     def poll(self) -> Changes | None:
         """What changed since the last poll (or start); None when the feed lost track
-        (not started, or the journal was pruned past it): read everything and start again."""
+        (not started, the journal pruned past it, or made anew): read everything and
+        start again."""
         if self.low is None:
             return None
         batch = self.inventory.journal_since(self.low)
-        if batch.pruned_through > self.low:
+        if batch.pruned_through > self.low or batch.epoch != self.epoch:
             self.stop()
             return None
         found: dict[str, set[str]] = {JOB: set(), LEASE: set(), FLEET: set()}

@@ -32,6 +32,7 @@ from gpuflow.hardware.inventory.base import StoreBase, check_index, in_chunks
 from gpuflow.hardware.inventory.jobs import job_record
 from gpuflow.hardware.inventory.leases import LeaseMixin
 from gpuflow.hardware.inventory.records import JobRecord, Lease
+from gpuflow.hardware.inventory.triggers import EPOCH_KEY
 from sqlalchemy import Connection, delete, func, insert, select, update
 
 PRUNED_COUNTER = "journal-pruned"  # revs up to its value were deleted by prune_journal
@@ -43,6 +44,7 @@ class JournalBatch:
 
     rows: tuple[tuple[int, str, str], ...]  # (rev, entity, key)
     pruned_through: int
+    epoch: str  # the journal's identity (triggers.EPOCH_KEY)
 
 
 class JournalMixin(StoreBase):
@@ -55,17 +57,18 @@ class JournalMixin(StoreBase):
                 select(c.c.rev, c.c.entity, c.c.key).where(c.c.rev > after).order_by(c.c.rev)
             )
             batch = tuple((int(r.rev), r.entity, r.key) for r in rows)
-            return JournalBatch(batch, self._pruned_through(conn))
+            return JournalBatch(batch, self._pruned_through(conn), self._epoch(conn))
 
-    def journal_tail(self, window: int) -> tuple[int, frozenset[int], int]:
-        """(newest rev, the revs present among the ``window`` newest, pruned-through): where
-        a reader that is about to read everything starts following from."""
+    def journal_tail(self, window: int) -> tuple[int, frozenset[int], int, str]:
+        """(newest rev, the revs present among the ``window`` newest, pruned-through,
+        epoch): where a reader that is about to read everything starts following from."""
         check_index(window, "journal window")
         c = schema.changes
         with self._read() as conn:
             newest = int(conn.execute(select(func.max(c.c.rev))).scalar() or 0)
             revs = conn.execute(select(c.c.rev).where(c.c.rev > newest - window)).scalars()
-            return newest, frozenset(int(r) for r in revs), self._pruned_through(conn)
+            present = frozenset(int(r) for r in revs)
+            return newest, present, self._pruned_through(conn), self._epoch(conn)
 
     def prune_journal(self, keep: int) -> int:
         """Delete all but the ``keep`` newest revs' rows; returns how many went. A reader
@@ -87,6 +90,11 @@ class JournalMixin(StoreBase):
             return gone
 
         return self._write(work)
+
+    @staticmethod
+    def _epoch(conn: Connection) -> str:
+        m = schema.meta
+        return str(conn.execute(select(m.c.value).where(m.c.key == EPOCH_KEY)).scalar() or "")
 
     @staticmethod
     def _pruned_through(conn: Connection) -> int:

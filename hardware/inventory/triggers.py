@@ -3,9 +3,13 @@ to gf_changes by the database itself (what is and is not a change: journal.py)."
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+import uuid
+
+from gpuflow.hardware.inventory import schema
+from sqlalchemy import Connection, delete, insert, text
 
 JOB, LEASE, FLEET = "job", "lease", "fleet"
+EPOCH_KEY = "journal_epoch"  # in gf_meta: new whenever the journal starts anew
 
 # (table, entity, key column, columns whose change is a change; None: every update)
 _JOURNALED: tuple[tuple[str, str, str, tuple[str, ...] | None], ...] = (
@@ -82,7 +86,12 @@ def _postgres_triggers() -> list[str]:
 
 
 def install_triggers(conn: Connection) -> None:
-    """Create the journal's triggers (idempotent), inside the schema transaction."""
+    """Create the journal's triggers (idempotent), inside the schema transaction, and
+    give the journal a new epoch: a reader that followed an earlier journal on this URL
+    (its tables dropped and made again) finds out instead of waiting for revs it saw."""
     statements = _sqlite_triggers() if conn.dialect.name == "sqlite" else _postgres_triggers()
     for statement in statements:
         conn.execute(text(statement))
+    meta = schema.meta
+    conn.execute(delete(meta).where(meta.c.key == EPOCH_KEY))
+    conn.execute(insert(meta).values(key=EPOCH_KEY, value=uuid.uuid4().hex))

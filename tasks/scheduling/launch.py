@@ -30,15 +30,29 @@ log = logging.getLogger(__name__)
 LAUNCH_MODES = ("auto", "deployment", "in-process", "none")
 
 
-def schedule_pass(cluster: Any, config: SchedulerConfig, ack_timeout_s: float) -> dict[str, Any]:
-    """Reap, place, preempt (waiting up to ``ack_timeout_s`` for victims), grow."""
-    service = SchedulerService.for_cluster(cluster, config)
+def pass_service(cluster: Any, config: SchedulerConfig) -> SchedulerService:
+    """The service a run of the `schedule` flow passes with, all its passes: kept, its
+    engine reads only what changed between them (refresh.py); a new one per pass would
+    read the whole inventory every time (about 1 s at 10,000 GPUs)."""
+    return SchedulerService.for_cluster(cluster, config)
+
+
+def schedule_pass(
+    cluster: Any,
+    config: SchedulerConfig,
+    ack_timeout_s: float,
+    service: SchedulerService | None = None,
+) -> dict[str, Any]:
+    """Reap, place, preempt (waiting up to ``ack_timeout_s`` for victims), grow; with the
+    run's ``service`` (pass_service), else a new one."""
+    service = service or SchedulerService.for_cluster(cluster, config)
     report = service.schedule_once(ack_timeout_s=ack_timeout_s)
     out = report.to_dict()
     out["to_start"] = [
         job_id for job_id in report.to_start if service.train_spec(job_id) is not None
     ]
     out["external"] = [job_id for job_id in report.to_start if job_id not in out["to_start"]]
+    out["rebuilds"] = service.rebuilds
     return out
 
 

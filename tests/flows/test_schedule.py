@@ -124,3 +124,20 @@ def test_drain_places_and_reports_without_launching() -> None:
     assert "ext" in out.output and "schedule (none)" in out.output
     leases = Inventory().leases(owner="ext")
     assert len(leases) == 2  # placed and leased; its own runner starts it
+
+
+def test_a_run_of_many_passes_keeps_one_service_and_reads_the_fleet_once(tmp_path: Path) -> None:
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(ONE_GPU)
+    cluster = GpuCluster(backend="sim", cluster_spec=str(spec))
+    cluster.save("sched-passes", overwrite=True)
+    service = SchedulerService.for_cluster(cluster)
+    for job_id in ("a", "b"):
+        service.submit(JobRequest(job_id=job_id, skus=("a100-40gb",)))
+    out = schedule(cluster_block="sched-passes", launch="none", passes=3, interval_s=0.0)
+    assert len(out["passes"]) == 3
+    assert [len(p["placed"]) for p in out["passes"]] == [1, 0, 0]  # one GPU: "b" waits
+    # One service for the whole run: only its first pass read the whole inventory.
+    assert [p["rebuilds"] for p in out["passes"]] == [1, 1, 1]
+    with pytest.raises(ValueError, match="passes must be >= 1"):
+        schedule(cluster_block="sched-passes", launch="none", passes=0)

@@ -116,6 +116,16 @@ def test_a_version_2_store_is_migrated_with_its_journal(inventory_url: str, cloc
         inv.close()
 
 
+def _drop_tables(url: str) -> None:
+    """Every table of the store at ``url`` dropped (the suite's PostgreSQL is shared)."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        found = MetaData()
+        found.reflect(conn)
+        found.drop_all(conn)
+    engine.dispose()
+
+
 def _insert_job(conn, job_id: str) -> None:  # type: ignore[no-untyped-def]
     """A job row written inside the caller's own (open) transaction."""
     conn.execute(
@@ -136,12 +146,7 @@ def _insert_job(conn, job_id: str) -> None:  # type: ignore[no-untyped-def]
 def test_a_feed_waits_for_a_rev_that_commits_late(postgres_url: str) -> None:
     """PostgreSQL: a transaction draws its rev, a later one commits first; the feed
     reports the later one and then, when it commits, the earlier one, once each."""
-    tables = create_engine(postgres_url)
-    with tables.begin() as conn:
-        found = MetaData()
-        found.reflect(conn)
-        found.drop_all(conn)
-    tables.dispose()
+    _drop_tables(postgres_url)
     now = [0.0]
     inv = Inventory(postgres_url)
     feed = ChangeFeed(inv, gap_wait_s=30.0, clock=lambda: now[0])
@@ -179,3 +184,16 @@ def test_a_feed_waits_for_a_rev_that_commits_late(postgres_url: str) -> None:
 def test_a_bad_gap_wait_is_refused(synced: Inventory, gap_wait_s: float) -> None:
     with pytest.raises(ValueError, match="gap_wait_s"):
         ChangeFeed(synced, gap_wait_s=gap_wait_s)
+
+
+def test_a_store_made_anew_is_a_journal_the_feed_did_not_follow(inventory_url: str, clock) -> None:
+    inv = Inventory(inventory_url, now=clock)
+    feed = ChangeFeed(inv)
+    feed.start()
+    inv.record_job("before", SPEC)
+    assert feed.poll() == Changes(jobs=frozenset({"before"}))
+    _drop_tables(inventory_url)
+    Inventory(inventory_url, now=clock).close()  # the tables made again, revs from 1
+    inv.record_job("after", SPEC)
+    assert feed.poll() is None, "another journal on the same URL: read everything again"
+    inv.close()
