@@ -43,13 +43,11 @@ from gpuflow.tasks.remediation.steps import (
     isolate_task,
     migrate_job_task,
     open_incident,
-    release_reservation,
     reserve_target_task,
     resolve_or_refuse,
     undo_isolation,
-    unused_reservation,
 )
-from gpuflow.tasks.training.binding import Binding
+from gpuflow.tasks.remediation.targets import Reservation, release_reservation, unused_reservation
 from prefect import flow, get_run_logger
 from prefect.blocks.notifications import NotificationBlock
 from prefect.events import DeploymentEventTrigger
@@ -319,7 +317,7 @@ def _move_jobs_off(run: _Run) -> dict[str, Any]:
 def _roll_back(
     run: _Run,
     jobs: list[JobOnDevice],
-    reservations: dict[str, Binding | None],
+    reservations: dict[str, Reservation | None],
     isolation: dict[str, Any],
     moved: list[str],
     exc: Exception,
@@ -327,8 +325,8 @@ def _roll_back(
     """A step failed: give back unused reservations, keep every job findable, lift the
     cordon if nothing was moved, close the incident as failed and tell the operators."""
     s, result = run.situation, run.result
-    for job_id, binding in reservations.items():  # the ones no step has used
-        release_reservation(run.cluster.get_inventory(), job_id, binding)
+    for job_id, reservation in reservations.items():  # the ones no step has used
+        release_reservation(run.cluster.get_inventory(), job_id, reservation)
     for job in plan.unfinished(jobs, result["jobs"]):
         _mark(run.inventory, job.job_id, run.device.uuid, s.incident_id)
     run.note([plan.failure_entry(exc)])
@@ -402,11 +400,17 @@ def remediate_on_train_failure(flow: Any, flow_run: Any, state: Any) -> None:
     job = inventory.job(job_id)
     if not job.resource_ids:
         return
-    res = inventory.resource(job.resource_ids[0])
     error = RuntimeError(str(getattr(state, "message", "") or "train flow failed"))
-    if not crash_is_hardware(error, backend, res.node, res.device_index):
-        logger.info("job %s failed on a healthy device: not remediating", job_id)
+    # A gang failed if any of its units' devices did: remediate that one (the gang moves).
+    at_fault = [
+        res
+        for res in map(inventory.resource, job.resource_ids)
+        if crash_is_hardware(error, backend, res.node, res.device_index)
+    ]
+    if not at_fault:
+        logger.info("job %s failed on healthy devices: not remediating", job_id)
         return
+    res = at_fault[0]
     inventory.requeue_job(
         job_id,
         "lost",

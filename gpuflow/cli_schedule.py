@@ -89,6 +89,10 @@ def submit(
     ] = None,
     model: Annotated[str, typer.Option(help="What to train when placed.")] = "llama-tiny",
     steps: Annotated[int, typer.Option(help="Total optimizer steps.")] = 200,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(help="Global batch (split over the ranks); default: the model's."),
+    ] = None,
     checkpoint_interval: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 | auto")] = "auto",
     external: Annotated[
@@ -123,10 +127,11 @@ def submit(
             job_id=job_id,
             model=model,
             steps=steps,
+            batch_size=batch_size,
             checkpoint_interval=checkpoint_interval,
             precision=precision,
         )
-        train = spec.model_dump(exclude={"job_id"})
+        train = spec.model_dump(exclude={"job_id", "gpus"})  # gpus: the placement's size
     service = _service(queue_depth=queue_depth)
     service.submit(request, train=train)
     view = next(v for v in service.jobs() if v.job_id == job_id)

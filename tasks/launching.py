@@ -97,6 +97,12 @@ class Launcher(abc.ABC):
         """Start ``order``; starting an attempt that already started starts nothing."""
 
 
+def pin_units(resource_ids: Any) -> dict[str, Any]:
+    """The `train` flow's device parameter pinned to these units (one, or a gang's)."""
+    ids = list(resource_ids)
+    return {"resource_id": ids[0]} if len(ids) == 1 else {"resource_ids": ids}
+
+
 def storage_fields(storage: CheckpointStorage) -> dict[str, Any]:
     """The storage's fields without credentials. An access key without its secret is
     refused by CheckpointStorage, so both go: a storage rebuilt from these falls back to

@@ -76,6 +76,17 @@ class JobOnDevice:
     last_checkpoint_id: str | None
     device_request: dict[str, Any]  # what the job asked for when it was first placed
     launch: dict[str, Any] | None  # how to start it again (tasks.remediation.launch)
+    # Every unit of the attempt, rank 0's first: a gang (N > 1) moves whole.
+    resource_ids: tuple[str, ...] = ()
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """What the job holds (or held): its attempt's units, else the one on the device."""
+        return self.resource_ids or (self.resource_id,)
+
+    @property
+    def gang_size(self) -> int:
+        return len(self.units)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -122,6 +133,7 @@ def jobs_on_device(
                 last_checkpoint_id=job.last_checkpoint_id,
                 device_request=dict(job.spec.get("device") or {}),
                 launch=job.info.get("launch"),
+                resource_ids=tuple(job.resource_ids),
             )
         )
         seen.add(job.job_id)

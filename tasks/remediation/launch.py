@@ -43,6 +43,7 @@ from gpuflow.tasks.launching import (
     LaunchError,
     LaunchOrder,
     LaunchReceipt,
+    pin_units,
     storage_fields,
 )
 from gpuflow.tasks.training.binding import Binding, DeviceRequest, bind_held_lease
@@ -416,15 +417,15 @@ def _binding_of(cluster: GpuCluster, order: LaunchOrder) -> Binding:
 def relaunch(
     job_id: str,
     launch: dict[str, Any] | None,
-    binding: Binding,
+    reservation: Any,  # targets.Reservation: its units, leased to the job's next attempt
     cluster: GpuCluster,
     on_crash: CrashHandler | None = None,
 ) -> dict[str, Any]:
-    """Start ``job_id`` again on ``binding`` (leased to its next attempt) with the kind of
-    launcher its launch record names.
+    """Start ``job_id`` again on ``reservation`` (leased to its next attempt) with the kind
+    of launcher its launch record names; a gang on all its reserved units.
 
     Returns what was started. Raises LaunchError when the job cannot be started here;
-    the lease is then still held by the job id: the caller releases it.
+    the leases are then still held by the job id: the caller releases them.
     """
     if not launch:
         raise LaunchError(
@@ -432,25 +433,38 @@ def relaunch(
             f"with `gpuflow train --job-id {job_id}` (same job id: it resumes from its checkpoint)"
         )
     kind = launch.get("launcher")
-    res = binding.resource
-    where = {"node": res.node, "device_index": res.device_index, "resource_id": res.resource_id}
-    order = LaunchOrder(job_id, binding.lease.attempt, res.resource_id, res.node)
+    res = reservation.resource
+    where = {
+        "node": res.node,
+        "device_index": res.device_index,
+        "resource_id": res.resource_id,
+        "resource_ids": list(reservation.resource_ids),
+    }
+    order = LaunchOrder(job_id, reservation.lease.attempt, res.resource_id, res.node)
     if kind == InProcessLauncher.name:
+        if len(reservation.resource_ids) > 1:
+            # In-process jobs are one-unit jobs (InProcessRunner.start leases one device);
+            # a gang's ranks run under torchelastic, launched by the `train` flow.
+            raise LaunchError(
+                f"job {job_id!r} is a gang of {len(reservation.resource_ids)}: it relaunches "
+                "through the `train` deployment, not in this process; it stays checkpointed "
+                "and queued for the scheduler"
+            )
         receipt = InProcessLauncher(cluster, launch, on_crash).launch(order)
     elif kind == DeploymentLauncher.name:
-        receipt = _relaunch_deployment(launch, order, binding, cluster)
+        receipt = _relaunch_deployment(launch, order, reservation, cluster)
     else:
         raise LaunchError(f"job {job_id!r} has an unknown launcher {kind!r}")
     return {**receipt.to_dict(), **where}
 
 
 def _relaunch_deployment(
-    launch: dict[str, Any], order: LaunchOrder, binding: Binding, cluster: GpuCluster
+    launch: dict[str, Any], order: LaunchOrder, reservation: Any, cluster: GpuCluster
 ) -> LaunchReceipt:
     launcher = DeploymentLauncher(launch.get("deployment") or TRAIN_DEPLOYMENT)
     storage = storage_fields(storage_from_record(launch["storage"]))
-    # Pinned to the device remediation chose, and sent to the work queue of the worker that
-    # owns its node (when workers own nodes), so the job resumes exactly there.
+    # Pinned to the units remediation chose, and sent to the work queue of the worker that
+    # owns their node (when workers own nodes), so the job resumes exactly there.
     order = LaunchOrder(
         order.job_id,
         order.attempt,
@@ -458,7 +472,7 @@ def _relaunch_deployment(
         order.node,
         parameters={
             "spec": launch["train_spec"],
-            "device": {"resource_id": order.resource_id},
+            "device": pin_units(reservation.resource_ids),
             "storage": storage,
         },
     )
@@ -467,5 +481,6 @@ def _relaunch_deployment(
         # The train flow leases for itself (through the scheduler): free our reservation
         # just before it looks. A placement already made for this attempt (a scheduling
         # pass took the job) stays: the flow run finds it.
-        cluster.get_inventory().release_lease(binding.resource.resource_id, order.job_id)
+        for rid in reservation.resource_ids:
+            cluster.get_inventory().release_lease(rid, order.job_id)
     return launcher.launch(order)

@@ -46,7 +46,13 @@ from gpuflow.tasks.remediation.launch import (
     storage_from_record,
 )
 from gpuflow.tasks.remediation.notify import send_task, summary
-from gpuflow.tasks.training.binding import Binding, DeviceRequest, bind_held_lease, lease_device
+from gpuflow.tasks.remediation.targets import (
+    Reservation,
+    held_placement,
+    release_reservation,
+    reserve_target,
+    still_held,
+)
 from gpuflow.tasks.training.storage import open_store
 from prefect import task
 from prefect.blocks.notifications import NotificationBlock
@@ -193,8 +199,8 @@ def ensure_capacity(
     """Promote spare nodes until every (SKU, kind, profile) the jobs need has enough free
     resources (plus ``spare_reserve``). Returns the nodes promoted and any shortfall."""
     needs: dict[tuple[str, str, str | None], int] = {}
-    for job in jobs:
-        needs[_need_key(job)] = needs.get(_need_key(job), 0) + 1
+    for job in jobs:  # a gang moves whole: it needs its N units
+        needs[_need_key(job)] = needs.get(_need_key(job), 0) + job.gang_size
     promoted: list[str] = []
     short: dict[str, int] = {}
     for (sku, kind, profile), count in sorted(needs.items(), key=lambda kv: str(kv[0])):
@@ -223,37 +229,6 @@ def ensure_capacity(
             label = sku if kind == "device" else f"{sku} {profile or kind}"
             short[label] = count - have
     return {"promoted": promoted, "short": short}
-
-
-# -- reserve ----------------------------------------------------------------------------
-
-
-def target_request(job: JobOnDevice) -> DeviceRequest:
-    """The same SKU (and partition profile), in the region the job asked for."""
-    profile = job.profile if job.kind != "device" else None
-    return DeviceRequest(sku=job.sku, profile=profile, region=job.device_request.get("region"))
-
-
-def reserve_target(
-    inventory: Inventory, backend: Backend, job: JobOnDevice, ttl_s: float = 600.0
-) -> Binding | None:
-    """Lease a healthy resource of the job's SKU to the job; None when there is none. A
-    reservation an earlier run (one that died) left for the same attempt is used again."""
-    try:
-        # For the job's next attempt: the relaunch places it there (lifecycle place_job).
-        attempt = inventory.job(job.job_id).attempt + 1
-        left = unused_reservation(inventory, backend, job)
-        if left is not None:
-            res = left.resource
-            if not inventory.is_cordoned(res.node, res.device_index):
-                return left
-            inventory.release_lease(res.resource_id, job.job_id)
-        return lease_device(
-            inventory, backend, target_request(job), owner=job.job_id, ttl_s=ttl_s, attempt=attempt
-        )
-    except InvalidRequestError as exc:
-        log.warning("job %s: no target: %s", job.job_id, exc)
-        return None
 
 
 # -- checkpoint -------------------------------------------------------------------------
@@ -297,12 +272,14 @@ def last_periodic_checkpoint(inventory: Inventory, job: JobOnDevice) -> str | No
     return inventory.job(job.job_id).last_checkpoint_id
 
 
-def wait_for_release(inventory: Inventory, job_id: str, resource_id: str, timeout_s: float) -> bool:
-    """Wait until ``job_id`` no longer holds ``resource_id``; True if it let go."""
+def wait_for_release(
+    inventory: Inventory, job_id: str, resource_ids: tuple[str, ...], timeout_s: float
+) -> bool:
+    """Wait until ``job_id`` holds none of ``resource_ids``; True if it let go."""
     deadline = time.monotonic() + timeout_s
     while True:
-        lease = inventory.lease(resource_id)
-        if lease is None or lease.owner != job_id:
+        leases = [inventory.lease(r) for r in resource_ids]
+        if all(lease is None or lease.owner != job_id for lease in leases):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -357,8 +334,8 @@ def checkpoint_job(
         return outcome
 
     if outcome.how == "on-request":
-        if not wait_for_release(inventory, job.job_id, job.resource_id, policy.release_grace_s):
-            inventory.release_lease(job.resource_id, job.job_id)
+        if not wait_for_release(inventory, job.job_id, job.units, policy.release_grace_s):
+            _fence(inventory, job)
             outcome.fenced = True
             outcome.detail = "checkpointed but did not let go: lease taken away"
     else:
@@ -375,7 +352,7 @@ def checkpoint_job(
                 outcome.how, outcome.checkpoint_id = "on-request", late.checkpoint_id
         if job.holds_lease:
             # Fence a process that may still run: its next lease renewal fails.
-            outcome.fenced = inventory.release_lease(job.resource_id, job.job_id)
+            outcome.fenced = _fence(inventory, job)
     outcome.step = checkpoint_step(outcome.checkpoint_id)
     inventory.requeue_job(
         job.job_id,
@@ -385,6 +362,13 @@ def checkpoint_job(
     )
     outcome.waited_s = time.monotonic() - started
     return outcome
+
+
+def _fence(inventory: Inventory, job: JobOnDevice) -> bool:
+    """Take every unit of the job away (a gang's too: its ranks stop together); True if
+    it still held any."""
+    released = [inventory.release_lease(rid, job.job_id) for rid in job.units]
+    return any(released)
 
 
 def _device_uuid_of(inventory: Inventory, job: JobOnDevice) -> str:
@@ -398,27 +382,35 @@ def _device_uuid_of(inventory: Inventory, job: JobOnDevice) -> str:
 class MigrateOutcome:
     job_id: str
     status: str  # resumed | queued | in-place | ended
-    target: str | None = None  # node:index
+    target: str | None = None  # node:index (rank 0's unit for a gang)
     resource_id: str | None = None
     checkpoint_id: str | None = None
     step: int | None = None
     launcher: dict[str, Any] = field(default_factory=dict)
     detail: str = ""
+    resource_ids: list[str] = field(default_factory=list)  # every unit, rank 0's first
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
+
+    def landed(self, inventory: Inventory, resource_ids: Any) -> None:
+        ids = list(resource_ids)
+        res = inventory.resource(ids[0])
+        self.target, self.resource_id = f"{res.node}:{res.device_index}", res.resource_id
+        self.resource_ids = ids
 
 
 def migrate_job(
     cluster: GpuCluster,
     job: JobOnDevice,
     checkpoint: CheckpointOutcome,
-    binding: Binding | None,
+    reservation: Reservation | None,
     on_crash: CrashHandler | None = None,
 ) -> MigrateOutcome:
-    """Relaunch the job from its checkpoint on the reserved target (or find one now).
+    """Relaunch the job from its checkpoint on the reserved target (or find one now); a
+    gang relaunches whole, on its N reserved units.
 
-    On any failure the job stays "queued" with its checkpoint and the lease is returned.
+    On any failure the job stays "queued" with its checkpoint and the leases are returned.
     """
     inventory = cluster.get_inventory()
     backend = cluster.get_backend()
@@ -429,64 +421,49 @@ def migrate_job(
     if current.state in (JobState.FINISHED, JobState.FAILED):
         # It ended while we moved it (cancelled, or finished before it stopped): starting
         # it again would bring back a job its owner ended.
-        release_reservation(inventory, job.job_id, binding)
+        release_reservation(inventory, job.job_id, reservation)
         out.status, out.detail = "ended", f"the job is {current.state} (ended meanwhile)"
         return out
     if current.state in ACTIVE_STATES and job.resource_id not in current.resource_ids:
-        res = inventory.resource(current.resource_ids[0]) if current.resource_ids else None
-        if binding is not None and binding.resource.resource_id not in current.resource_ids:
-            inventory.release_lease(binding.resource.resource_id, job.job_id)  # not needed
-        if current.state != JobState.PLACED or res is None:
+        if reservation is not None and not set(reservation.resource_ids) <= set(
+            current.resource_ids
+        ):
+            release_reservation(inventory, job.job_id, reservation)  # not needed
+        if current.state != JobState.PLACED or not current.resource_ids:
             # An earlier attempt of remediation already relaunched it: nothing more to do.
             out.status = "resumed"
-            if res is not None:
-                out.target, out.resource_id = f"{res.node}:{res.device_index}", res.resource_id
+            if current.resource_ids:
+                out.landed(inventory, current.resource_ids)
             out.detail = "already resumed"
             return out
         # Placed elsewhere meanwhile (a scheduling pass took the queued job) but not
         # started: start that placement. Whoever else starts it (the `schedule` flow) does
         # so under the same (job, attempt): one run.
-        binding = bind_held_lease(
-            inventory, backend, res.resource_id, current.job_id, current.attempt
-        )
-    if binding is not None:
-        held = inventory.lease(binding.resource.resource_id)
-        if held is None or held.owner != job.job_id:
-            binding = None  # a retry after the reservation was returned: reserve afresh
-    if binding is None:
-        binding = reserve_target(inventory, backend, job)
-    if binding is None:
+        reservation = held_placement(inventory, backend, current.job_id, current.resource_ids)
+    if not still_held(inventory, job.job_id, reservation):
+        reservation = None  # a retry after the reservation was returned: reserve afresh
+    if reservation is None:
+        reservation = reserve_target(inventory, backend, job)
+    if reservation is None:
+        what = f"partition {job.profile}" if job.profile else "device"
         out.detail = (
-            f"no healthy {job.sku} {'partition ' + job.profile if job.profile else 'device'} free"
+            f"no healthy {job.sku} {what} free"
+            if job.gang_size == 1
+            else f"no node with {job.gang_size} healthy {job.sku} {what}s free for the gang"
         )
         return out
-    res = binding.resource
     try:
-        out.launcher = relaunch(job.job_id, job.launch, binding, cluster, on_crash)
+        out.launcher = relaunch(job.job_id, job.launch, reservation, cluster, on_crash)
     except LaunchError as exc:
-        inventory.release_lease(res.resource_id, job.job_id)
+        release_reservation(inventory, job.job_id, reservation)
         out.detail = str(exc)
         return out
     except Exception:
-        inventory.release_lease(res.resource_id, job.job_id)
+        release_reservation(inventory, job.job_id, reservation)
         raise
     out.status = "resumed"
-    out.target, out.resource_id = f"{res.node}:{res.device_index}", res.resource_id
+    out.landed(inventory, reservation.resource_ids)
     return out
-
-
-def unused_reservation(inventory: Inventory, backend: Backend, job: JobOnDevice) -> Binding | None:
-    """A lease the job holds for an attempt it has not started (a reservation), if any."""
-    attempt = inventory.job(job.job_id).attempt
-    for lease in inventory.leases(owner=job.job_id):
-        if lease.attempt > attempt and lease.resource_id != job.resource_id:
-            return bind_held_lease(inventory, backend, lease.resource_id, job.job_id, lease.attempt)
-    return None
-
-
-def release_reservation(inventory: Inventory, job_id: str, binding: Binding | None) -> None:
-    if binding is not None:
-        inventory.release_lease(binding.resource.resource_id, job_id)
 
 
 # -- the ledger's part --------------------------------------------------------------------

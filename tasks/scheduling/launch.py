@@ -18,6 +18,7 @@ from gpuflow.tasks.launching import (
     LaunchOrder,
     LaunchReceipt,
     deployment_target,
+    pin_units,
     storage_fields,
 )
 from gpuflow.tasks.scheduling.model import SchedulerConfig
@@ -65,6 +66,13 @@ def resolve_launch(mode: str, deployment: str) -> str:
     return "deployment" if exists else "in-process"
 
 
+def gang_spec(train: dict[str, Any], job_id: str, units: int) -> dict[str, Any]:
+    """The train spec of a placement of ``units`` units: one rank per unit. The world size
+    is the placement's, so an elastic job the scheduler grew or shrank (a stop, then a new
+    placement) trains at its new size, resharding its last checkpoint."""
+    return {**train, "job_id": job_id, "gpus": units}
+
+
 def launch_order(
     cluster: Any, job_id: str, cluster_block: str | None, storage: Any = None
 ) -> LaunchOrder:
@@ -85,8 +93,8 @@ def launch_order(
         primary,
         service.inventory.resource(primary).node,
         parameters={
-            "spec": {**train, "job_id": job_id},
-            "device": {"resource_id": primary},
+            "spec": gang_spec(train, job_id, len(record.resource_ids)),
+            "device": pin_units(record.resource_ids),
             "cluster_block": cluster_block,
             "storage": storage_fields(storage) if storage is not None else None,
         },

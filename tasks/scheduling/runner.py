@@ -18,9 +18,9 @@ from typing import Any
 
 from gpuflow.hardware.inventory import LeaseLostError
 from gpuflow.tasks.launching import Launcher, LaunchOrder, LaunchReceipt
-from gpuflow.tasks.scheduling.launch import launch_placed
+from gpuflow.tasks.scheduling.launch import gang_spec, launch_placed
 from gpuflow.tasks.scheduling.service import SchedulerService
-from gpuflow.tasks.scheduling.train_placement import placement_for_train, release_placement
+from gpuflow.tasks.scheduling.train_placement import gang_placement, release_placement
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -39,6 +39,8 @@ def run_scheduled_job(
     import mlflow
     from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
     from gpuflow.tasks.training.binding import DeviceRequest
+    from gpuflow.tasks.training.distributed.job import run_gang_training
+    from gpuflow.tasks.training.distributed.tasks import tag_gang
     from gpuflow.tasks.training.job import EXPERIMENT, preflight, result_metrics, run_training
     from gpuflow.tasks.training.spec import TrainSpec
 
@@ -46,8 +48,16 @@ def run_scheduled_job(
     train = service.train_spec(job_id)
     if not train:
         raise ValueError(f"scheduled job {job_id!r} has no train spec: nothing to run here")
-    spec = TrainSpec.model_validate({**train, "job_id": job_id})
-    binding = placement_for_train(cluster, DeviceRequest(), job_id)
+    # One rank per placed unit: a placement of N units trains as a gang of N.
+    units = max(1, len(service.inventory.job(job_id).resource_ids))
+    spec = TrainSpec.model_validate(gang_spec(train, job_id, units))
+    if spec.gpus > 1 and extra_hooks:
+        raise ValueError(
+            f"job {job_id!r} trains as {spec.gpus} rank processes: step hooks of this "
+            "process would never be called"
+        )
+    bindings = gang_placement(cluster, DeviceRequest(), job_id, spec.gpus)
+    binding = bindings[0]
     res = binding.resource
     attempt = binding.lease.attempt
     service.inventory.mark_launching(job_id, attempt)
@@ -77,7 +87,11 @@ def run_scheduled_job(
         params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()],
     )
     try:
-        result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
+        if spec.gpus > 1:
+            result, gang = run_gang_training(spec, storage, cluster, bindings, run_id)
+            tag_gang(run_id, gang)
+        else:
+            result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
     except LeaseLostError:
         client.set_terminated(run_id, "KILLED")
         raise  # fenced: no release, no job-state write

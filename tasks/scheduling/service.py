@@ -132,6 +132,9 @@ class SchedulerService(ReapMixin):
         existing = self._records.get(request.job_id)
         if existing is not None and existing.state not in ("finished", "failed"):
             raise InvalidRequestError(f"job {request.job_id!r} is already {existing.state}")
+        if train is not None:
+            engine.check_feasible(request)  # a fleet that cannot run it says so first
+            _check_train_sizes(request, train)
         job = engine.submit(request, now)  # SubmissionRefused / QueueFullError come from here
         spec = {"kind": SPEC_KIND, "request": request.model_dump(mode="json"), "train": train}
         self.inventory.record_job(request.job_id, spec, state="queued")
@@ -580,3 +583,18 @@ class SchedulerService(ReapMixin):
     def train_spec(self, job_id: str) -> dict[str, Any] | None:
         spec = self.inventory.job(job_id).spec
         return spec.get("train") if spec.get("kind") == SPEC_KIND else None
+
+
+def _check_train_sizes(request: JobRequest, train: dict[str, Any]) -> None:
+    """A job with a train spec trains as one rank per placed unit: every size it may be
+    placed at (count to max_count) must split its global batch, or it would be refused
+    only once placed, after it waited its turn."""
+    from gpuflow.tasks.training.distributed.gang import check_world_sizes
+    from gpuflow.tasks.training.spec import TrainSpec
+
+    try:
+        spec = TrainSpec.model_validate({**train, "job_id": request.job_id})
+    except ValueError as exc:
+        raise InvalidRequestError(f"job {request.job_id!r}: its train spec: {exc}") from exc
+    sizes = range(request.count, (request.max_count or request.count) + 1)
+    check_world_sizes(request.job_id, spec.resolved_batch_size, sizes)

@@ -27,11 +27,15 @@ def request_from_device(device: Any, job_id: str, priority: int = 0, count: int 
     ``resource_id`` and ``region``)."""
     sku = getattr(device, "sku", None)
     profile = getattr(device, "profile", None)
-    resource_id = getattr(device, "resource_id", None)
     region = getattr(device, "region", None)
-    if resource_id:
+    pinned = _pins(device)
+    if pinned:
         return JobRequest(
-            job_id=job_id, priority=priority, profile=profile, resource_ids=(resource_id,)
+            job_id=job_id,
+            priority=priority,
+            profile=profile,
+            resource_ids=pinned,
+            count=len(pinned),
         )
     return JobRequest(
         job_id=job_id,
@@ -43,15 +47,33 @@ def request_from_device(device: Any, job_id: str, priority: int = 0, count: int 
     )
 
 
+def _pins(device: Any) -> tuple[str, ...]:
+    """The units ``device`` is pinned to: a gang's ``resource_ids`` or one ``resource_id``."""
+    ids = getattr(device, "resource_ids", None)
+    if ids:
+        return tuple(ids)
+    one = getattr(device, "resource_id", None)
+    return (one,) if one else ()
+
+
 def _pinned_request(
-    service: SchedulerService, device: Any, job_id: str, priority: int
+    service: SchedulerService, pinned: tuple[str, ...], job_id: str, priority: int
 ) -> JobRequest:
-    """A request pinned to a resource takes that resource's own kind and profile."""
-    res = service.inventory.resource(device.resource_id)
+    """A request pinned to resources takes their own kind and profile (one of each: a gang
+    is homogeneous, and a pinned set that is not is refused before anything is leased)."""
+    resources = [service.inventory.resource(rid) for rid in pinned]
+    shapes = {(r.sku, r.kind, r.profile) for r in resources}
+    if len(shapes) > 1:
+        raise InvalidRequestError(
+            f"job {job_id!r}: pinned units {list(pinned)} are not homogeneous "
+            f"(sku, kind, profile: {sorted(map(str, shapes))})"
+        )
+    res = resources[0]
     return JobRequest(
         job_id=job_id,
         priority=priority,
-        resource_ids=(res.resource_id,),
+        resource_ids=pinned,
+        count=len(pinned),
         profile=None if res.kind == "device" else res.profile,
     )
 
@@ -117,12 +139,14 @@ def gang_placement(
             f"job id {job_id!r} is in the jobs registry but not as a scheduled job; use another id"
         )
     if record is None or record.state in ("finished", "failed"):
-        if getattr(device, "resource_id", None):
-            if count != 1:
+        pinned = _pins(device)
+        if pinned:
+            if len(pinned) != count:
                 raise InvalidRequestError(
-                    f"job {job_id!r}: a gang of {count} cannot be pinned to one resource id"
+                    f"job {job_id!r}: a gang of {count} cannot be pinned to {len(pinned)} "
+                    f"unit(s) {list(pinned)}; pin one unit per rank"
                 )
-            request = _pinned_request(service, device, job_id, priority)
+            request = _pinned_request(service, pinned, job_id, priority)
         else:
             request = request_from_device(device, job_id, priority, count)
         service.submit(request, train=train)

@@ -9,7 +9,7 @@ import torch
 from gpuflow.hardware.backend import Backend, InvalidRequestError
 from gpuflow.hardware.inventory import Inventory, Lease, LeaseConflictError, Resource
 from gpuflow.hardware.skus import SkuSpec, sku
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,27 @@ class DeviceRequest(BaseModel):
         default=None, description="MIG profile (3g.20gb...) or 'vdcu'; none: a whole device"
     )
     resource_id: str | None = Field(default=None, description="A device or partition uuid")
+    resource_ids: list[str] | None = Field(
+        default=None,
+        description="A gang pinned to these units (remediation's homogeneous target set)",
+    )
     region: str | None = None
+
+    @model_validator(mode="after")
+    def _one_pin(self) -> DeviceRequest:
+        if self.resource_ids is not None:
+            if self.resource_id is not None:
+                raise ValueError("pin one resource_id or a gang's resource_ids, not both")
+            if not self.resource_ids or len(set(self.resource_ids)) != len(self.resource_ids):
+                raise ValueError(f"resource_ids {self.resource_ids!r}: give distinct unit ids")
+        return self
+
+    @property
+    def pinned(self) -> tuple[str, ...]:
+        """The units this request is pinned to (none: the scheduler chooses)."""
+        if self.resource_ids:
+            return tuple(self.resource_ids)
+        return (self.resource_id,) if self.resource_id else ()
 
 
 @dataclass(frozen=True)

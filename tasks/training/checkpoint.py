@@ -216,7 +216,7 @@ class CheckpointManager:
                 f"job {self.job_id!r} expects model {self.expected_model}, "
                 f"but save() was given model_fingerprint {fingerprint}; nothing written"
             )
-        self._refuse_other_model(fingerprint)
+        self.refuse_other_model(fingerprint)
         self._refuse_stale_token()
 
         checkpoint_id = checkpoint_id_for(step)
@@ -255,7 +255,7 @@ class CheckpointManager:
             raise ValueError("commit_files needs at least one file")
         meta = _json_ready(meta or {})
         fingerprint = meta.get("model_fingerprint", self.expected_model)
-        self._refuse_other_model(fingerprint)
+        self.refuse_other_model(fingerprint)
         self._refuse_stale_token()
         checkpoint_id = checkpoint_id_for(step)
         nonce = secrets.token_hex(4)
@@ -349,7 +349,7 @@ class CheckpointManager:
             )
         return checkpoint_id
 
-    def _refuse_other_model(self, fingerprint: str | None) -> None:
+    def refuse_other_model(self, fingerprint: str | None) -> None:
         if fingerprint is None:
             return
         committed = [cid for cid, done in self._checkpoint_ids().items() if done]

@@ -67,6 +67,12 @@ def preflight(
     sku = sku_of(device.sku) if device.sku else None
     workload = build_workload(spec, torch_device_for(backend), sku)  # validates the policy
     manager = checkpoint_manager(storage, spec.job_id, expected_model=workload.fingerprint)
+    if spec.gpus > 1:
+        # A gang resumes from any layout (DCP reshards; a one-process file loads whole):
+        # its manifest says which model it holds, without loading anything here.
+        manager.refuse_other_model(workload.fingerprint)
+        newest = next(iter(manager.committed()), None)
+        return {"resume_from": newest[0] if newest else None, "backend": backend.name}
     latest = manager.latest(expected_model=workload.fingerprint)  # another model's: error
     return {"resume_from": latest.checkpoint_id if latest else None, "backend": backend.name}
 

@@ -141,3 +141,46 @@ def test_a_run_of_many_passes_keeps_one_service_and_reads_the_fleet_once(tmp_pat
     assert [p["rebuilds"] for p in out["passes"]] == [1, 1, 1]
     with pytest.raises(ValueError, match="passes must be >= 1"):
         schedule(cluster_block="sched-passes", launch="none", passes=0)
+
+
+TWO_GPUS = ONE_GPU.replace("name: one-gpu", "name: two-gpus").replace("count: 1", "count: 2")
+
+
+def test_a_placement_of_two_units_trains_as_a_gang_of_two_ranks(tmp_path: Path) -> None:
+    """`gpuflow schedule submit --count 2`: one rank per placed unit, whichever launcher
+    starts it (the deployment's parameters, or this process)."""
+    import mlflow
+    from gpuflow.tasks.scheduling.launch import launch_order
+    from gpuflow.tasks.tracking import tracking_uri
+
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(TWO_GPUS)
+    cluster = GpuCluster(backend="sim", cluster_spec=str(spec))
+    storage = CheckpointStorage(path=str(tmp_path / "ckpt"))
+    service = SchedulerService.for_cluster(cluster)
+    train = {
+        "model": "llama-tiny",
+        "steps": 4,
+        "checkpoint_interval": 2,
+        "batch_size": 2,
+        "seq_len": 16,
+        "precision": "fp32",
+        "eval_batches": 1,
+    }
+    service.submit(JobRequest(job_id="pair", count=2, skus=("a100-40gb",)), train=train)
+    (placed,) = service.schedule_once().placed
+    units = list(placed["resource_ids"])
+    assert len(units) == 2
+
+    order = launch_order(cluster, "pair", None, storage)
+    assert order.parameters["spec"]["gpus"] == 2  # the train deployment runs 2 ranks
+    assert order.parameters["device"] == {"resource_ids": units}
+
+    out = run_scheduled_job(cluster, storage, "pair")
+    assert out["steps_done"] == 4 and out["stopped_by_request"] is False
+    run = mlflow.MlflowClient(tracking_uri()).get_run(out["run_id"])
+    assert run.data.params["world_size"] == "2" and run.data.params["backend"] == "gloo"
+    assert run.data.tags["gpuflow.resource_ids"] == ",".join(units)
+    ckpt = tmp_path / "ckpt" / "pair" / "step-000000004"
+    assert (ckpt / "__0_0.distcp").exists() and (ckpt / "__1_0.distcp").exists()
+    assert Inventory().job("pair").state == "finished" and Inventory().leases() == []

@@ -34,6 +34,13 @@ def test_refusals_are_one_line_and_exit_2() -> None:
     assert out.exit_code == 2 and "at most 4" in out.output and "Traceback" not in out.output
     out = runner.invoke(app, ["submit", "bad", "--profile", "3g.20gb", "--sku", "v100"])
     assert out.exit_code == 2 and "no MIG" in out.output
+    # One rank per unit: a batch of 4 (llama-tiny's) cannot split over 3, nor over 3 of 2-4.
+    out = runner.invoke(app, ["submit", "odd", "--count", "3", "--sku", "a100-40gb"])
+    assert out.exit_code == 2 and "global batch 4 does not split into 3 equal shares" in out.output
+    out = runner.invoke(
+        app, ["submit", "el", "--count", "2", "--max-count", "4", "--sku", "a100-40gb"]
+    )
+    assert out.exit_code == 2 and "split into 3 equal" in out.output
     out = runner.invoke(app, ["submit", "x", "--model", "no-such-model"])
     assert out.exit_code == 2 and "unknown model" in out.output
     for i in range(2):

@@ -37,12 +37,14 @@ import pytest
 import yaml
 
 from tests.helpers.hosts import two_hosts
-from tests.helpers.step_gate import StepGate
+from tests.helpers.step_gate import StepGate, gates_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
 JOB = "box-job"
 STEPS, INTERVAL, HOLD_AT = 60, 25, 30  # held after its first checkpoint
+GANG = "box-gang"  # a job of two ranks, on two V100s of one host
+GANG_STEPS, GANG_INTERVAL, GANG_HOLD_AT = 16, 5, 8
 CONTROL_NODE, GPU_NODE = "a100-0", "a100-1"
 FAKE_PASSWORD = "two-hosts-pw-5b1e"  # trust authentication: the server never asks for it
 MLFLOW_SCHEMA = "two_hosts_mlflow"
@@ -60,7 +62,10 @@ def _run(
 
 def _twin_spec(home: Path) -> Path:
     spec = home / "box.yaml"
-    node = {"region": "cn-north", "role": "active", "devices": [{"sku": "a100-40gb", "count": 1}]}
+    # Per host: one A100 (the one-unit job has only the other host to go to) and two
+    # V100s (a gang of two fits on either host, never across them).
+    devices = [{"sku": "a100-40gb", "count": 1}, {"sku": "v100", "count": 2}]
+    node = {"region": "cn-north", "role": "active", "devices": devices}
     spec.write_text(
         yaml.safe_dump(
             {
@@ -110,7 +115,9 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
     home = tmp_path_factory.mktemp("two-hosts-home")
     # Inside the job's lease (300 s from its start; renewed at step 50).
     gate = StepGate(home / "gate", HOLD_AT, JOB, timeout_s=240)
-    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **gate.env()}
+    gang_gate = StepGate(home / "gang-gate", GANG_HOLD_AT, GANG, timeout_s=240)
+    gates = gates_env([gate, gang_gate])
+    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **gates}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
     reset = _run("gpuflow", "sim", "reset", "--spec", str(_twin_spec(home)), env=env)
@@ -158,11 +165,13 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
                 "state": state,
                 "joined": json.loads((home / f"join-{GPU_NODE}.json").read_text()),
                 "gate": gate,
+                "gang_gate": gang_gate,
                 "hosts": hosts,
                 "password": password,
             }
         finally:
             gate.open()  # a failed test leaves no job waiting
+            gang_gate.open()
             left = _run("gpuflow", "down", "--node", GPU_NODE, env=env, on=hosts.gpu_prefix)
             down = _run("gpuflow", "down", env=env)
             assert left.returncode == 0 and down.returncode == 0, left.stderr + down.stderr
@@ -244,6 +253,131 @@ def _flow_run_logged_by(box: dict, flow_run_id: str) -> list[str]:
     ]
 
 
+def _emit_health_risk(box: dict, resource) -> None:
+    """The health-risk event for ``resource``'s device, from another process, as from a
+    monitor on another host (this test process's events client may already be bound to
+    another server of the session)."""
+    emitted = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpuflow.tasks.health.events import emit_health_risk; "
+            "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
+            "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
+            resource.node,
+            str(resource.device_index),
+            resource.sku,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=box["client_env"],
+        cwd=ROOT,
+    )
+    assert emitted.returncode == 0, emitted.stderr
+
+
+def _completed_train_runs(api: str, job_id: str) -> list:
+    """The job's `train` flow runs, oldest first, once all of them completed (the job is
+    finished in the inventory a moment before its flow run records the end)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    def job_runs() -> list:
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            found = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["train"]))
+            )
+        return sorted(
+            (r for r in found if (r.parameters.get("spec") or {}).get("job_id") == job_id),
+            key=lambda r: r.created,
+        )
+
+    return _wait(
+        f"the train runs of {job_id} to complete",
+        lambda: (rs := job_runs()) and all(r.state_name == "Completed" for r in rs) and rs,
+        120,
+    )
+
+
+def _mlflow_runs(box: dict, job_id: str) -> list:
+    """The job's MLflow runs in the train experiment, oldest first."""
+    import mlflow
+
+    client = mlflow.MlflowClient(box["client_env"]["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("gpuflow-train")
+    return sorted(
+        client.search_runs([experiment.experiment_id], f"tags.`gpuflow.job_id` = '{job_id}'"),
+        key=lambda r: r.info.start_time,
+    )
+
+
+def _submit_and_pass(box: dict, job_id: str, steps: int, interval: int, *options: str) -> None:
+    """`gpuflow schedule submit` the job (llama-tiny, fp32), then one pass of the
+    `schedule` deployment places it and starts it through the `train` deployment."""
+    submitted = _run(
+        "gpuflow",
+        "schedule",
+        "submit",
+        job_id,
+        "--model",
+        "llama-tiny",
+        "--precision",
+        "fp32",
+        "--steps",
+        str(steps),
+        "--checkpoint-interval",
+        str(interval),
+        *options,
+        env=box["client_env"],
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    passed = _run(
+        "prefect",
+        "deployment",
+        "run",
+        "schedule/schedule",
+        "--param",
+        "passes=1",  # one pass now (the deployment's runs pass for hours)
+        "--watch",
+        env=box["client_env"],
+    )
+    assert passed.returncode == 0, passed.stdout[-2000:] + passed.stderr[-2000:]
+
+
+def _held_at_the_gate(inventory, gate: StepGate, job_id: str):
+    """The job's record once it waits at its gate, running, with a checkpoint."""
+    assert gate.wait_reached(300), f"{job_id} never reached step {gate.at_step} on a worker"
+    return _wait(
+        f"{job_id} to run and checkpoint",
+        lambda: (j := inventory.job(job_id)).state == "running" and j.last_checkpoint_id and j,
+        30,
+    )
+
+
+def _answer_and_finish(inventory, gate: StepGate, job_id: str, at_risk, timeout_s: float):
+    """Once remediation asks the job (held at its gate, surely running) for a checkpoint,
+    with the device at risk cordoned first: open the gate; the finished job's record."""
+    _wait(
+        f"remediation to ask {job_id} for a checkpoint",
+        lambda: any(r.status == "pending" for r in inventory.control_requests(job_id)),
+        180,
+        0.5,
+    )
+    assert inventory.is_cordoned(at_risk.node, at_risk.device_index), (
+        "remediation asked before it cordoned the device"
+    )
+    assert inventory.job(job_id).state == "running"
+    gate.open()
+    return _wait(
+        f"{job_id} to finish",
+        lambda: (j := inventory.job(job_id)).state == "finished" and j,
+        timeout_s,
+        2.0,
+    )
+
+
 def _start_gpu_host_monitor(api: str):
     """A run of the GPU host's own monitor deployment, started once none of its runs is
     active (one at a time: a run that starts while another runs is cancelled); with a
@@ -303,99 +437,18 @@ def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatc
                 client.update_deployment_schedule(dep.id, sched.id, active=False)
     watch = _start_gpu_host_monitor(api)  # checked at the end: it runs meanwhile
 
-    submitted = _run(
-        "gpuflow",
-        "schedule",
-        "submit",
-        JOB,
-        "--sku",
-        "a100-40gb",
-        "--model",
-        "llama-tiny",
-        "--steps",
-        str(STEPS),
-        "--checkpoint-interval",
-        str(INTERVAL),
-        "--precision",
-        "fp32",
-        env=box["client_env"],
-    )
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    passed = _run(
-        "prefect",
-        "deployment",
-        "run",
-        "schedule/schedule",
-        "--param",
-        "passes=1",  # one pass now (the deployment's runs pass for hours)
-        "--watch",
-        env=box["client_env"],
-    )
-    assert passed.returncode == 0, passed.stdout[-2000:] + passed.stderr[-2000:]
+    _submit_and_pass(box, JOB, STEPS, INTERVAL, "--sku", "a100-40gb")
 
-    gate: StepGate = box["gate"]
-    assert gate.wait_reached(300), f"the job never reached step {HOLD_AT} on a worker"
     inventory = Inventory()
-    job = _wait(
-        "the job to run and checkpoint",
-        lambda: (j := inventory.job(JOB)).state == "running" and j.last_checkpoint_id and j,
-        30,
-    )
+    job = _held_at_the_gate(inventory, box["gate"], JOB)
     placed = inventory.resource(job.resource_ids[0])
     other = GPU_NODE if placed.node == CONTROL_NODE else CONTROL_NODE
 
-    # The event comes from another process, as from a monitor on another host (this test
-    # process's events client may already be bound to another server of the session).
-    emitted = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from gpuflow.tasks.health.events import emit_health_risk; "
-            "emit_health_risk(sys.argv[1], int(sys.argv[2]), 0.97, {'remap_pending': 1.0}, sys.argv[3]); "
-            "from prefect.events.worker import EventsWorker; EventsWorker.drain_all()",
-            placed.node,
-            str(placed.device_index),
-            placed.sku,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=box["client_env"],
-        cwd=ROOT,
-    )
-    assert emitted.returncode == 0, emitted.stderr
+    _emit_health_risk(box, placed)
 
-    _wait(
-        "remediation to ask the job for a checkpoint",
-        lambda: any(r.status == "pending" for r in inventory.control_requests(JOB)),
-        180,
-        0.5,
-    )
-    assert inventory.is_cordoned(placed.node, placed.device_index), (
-        "remediation asked before it cordoned the device"
-    )
-    assert inventory.job(JOB).state == "running"  # held at the gate: it surely runs
-    gate.open()
-    done = _wait(
-        "the job to finish", lambda: (j := inventory.job(JOB)).state == "finished" and j, 600, 2.0
-    )
+    done = _answer_and_finish(inventory, box["gate"], JOB, placed, 600)
 
-    def job_runs() -> list:
-        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            found = client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=["train"]))
-            )
-        return sorted(
-            (r for r in found if (r.parameters.get("spec") or {}).get("job_id") == JOB),
-            key=lambda r: r.created,
-        )
-
-    # The job is finished in the inventory a moment before its flow run records the end.
-    runs = _wait(
-        "both train runs to complete",
-        lambda: (rs := job_runs()) and all(r.state_name == "Completed" for r in rs) and rs,
-        120,
-    )
+    runs = _completed_train_runs(api, JOB)
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         remediations = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"]))
@@ -409,14 +462,7 @@ def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatc
         [f"worker-{other}"],
     ]
 
-    import mlflow
-
-    client = mlflow.MlflowClient(box["client_env"]["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("gpuflow-train")
-    mruns = sorted(
-        client.search_runs([experiment.experiment_id], f"tags.`gpuflow.job_id` = '{JOB}'"),
-        key=lambda r: r.info.start_time,
-    )
+    mruns = _mlflow_runs(box, JOB)
     assert [r.data.tags["gpuflow.node"] for r in mruns] == [placed.node, other]
     acked = [r for r in inventory.control_requests(JOB) if r.checkpoint_id]
     assert acked, "the job never acknowledged a checkpoint request"
@@ -443,4 +489,51 @@ def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatc
     assert _flow_run_logged_by(box, str(watch.id)) == [f"worker-{GPU_NODE}"]
     (table,) = [a for a in risks if a.key == "monitor-risks"]
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
-    assert [row["device"] for row in rows] == [f"{GPU_NODE}:0"]
+    assert [row["device"] for row in rows] == [f"{GPU_NODE}:{i}" for i in range(3)]
+
+
+@pytest.mark.timeout(600)
+def test_a_gang_at_risk_moves_whole_to_the_other_host_with_no_step_lost(
+    box: dict, monkeypatch
+) -> None:
+    """A health event on one device of a running 2-rank gang (rank 1's): `remediate`
+    stops the whole gang at a checkpoint and relaunches it, two ranks again, on two V100s
+    of the other host; it resumes at the step it stopped at and finishes."""
+    _in_box(box, monkeypatch)
+    from gpuflow.hardware.inventory import Inventory
+
+    api = box["client_env"]["PREFECT_API_URL"]
+    # Two ranks (one per V100), each with its half of a global batch of 2.
+    gang = ("--count", "2", "--sku", "v100", "--batch-size", "2")
+    _submit_and_pass(box, GANG, GANG_STEPS, GANG_INTERVAL, *gang)
+    inventory = Inventory()
+    job = _held_at_the_gate(inventory, box["gang_gate"], GANG)
+    units = [inventory.resource(r) for r in job.resource_ids]
+    assert len(units) == 2 and len({u.node for u in units}) == 1
+    at_risk = units[1]  # not rank 0's device: the whole gang moves all the same
+    other = GPU_NODE if at_risk.node == CONTROL_NODE else CONTROL_NODE
+    _emit_health_risk(box, at_risk)
+
+    done = _answer_and_finish(inventory, box["gang_gate"], GANG, at_risk, 420)
+
+    runs = _completed_train_runs(api, GANG)
+    assert [r.work_queue_name for r in runs] == [f"node-{at_risk.node}", f"node-{other}"]
+    assert [_flow_run_logged_by(box, str(r.id)) for r in runs] == [
+        [f"worker-{at_risk.node}"],
+        [f"worker-{other}"],
+    ]
+    first, second = _mlflow_runs(box, GANG)
+    moved_to = second.data.tags["gpuflow.resource_ids"].split(",")
+    assert first.data.tags["gpuflow.resource_ids"].split(",") == [u.resource_id for u in units]
+    assert len(moved_to) == 2 and {inventory.resource(r).node for r in moved_to} == {other}
+    for run in (first, second):
+        assert run.data.params["world_size"] == "2" and run.data.params["backend"] == "gloo"
+
+    (acked,) = [r for r in inventory.control_requests(GANG) if r.checkpoint_id]
+    stopped_at = int(acked.checkpoint_id.split("-")[1])
+    assert stopped_at == GANG_HOLD_AT  # the gang answered right where it was held
+    assert first.data.metrics["steps_done"] == stopped_at
+    assert second.data.metrics["resumed_from_step"] == stopped_at  # zero steps lost
+    assert second.data.metrics["steps_done"] == GANG_STEPS
+    assert done.last_checkpoint_id.endswith(str(GANG_STEPS)) and list(done.resource_ids) == moved_to
+    assert inventory.leases(owner=GANG) == []

@@ -114,23 +114,36 @@ class StepGate:
     # -- across processes -----------------------------------------------------------------
     def env(self, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
         """What another process's environment needs to hold its job at this gate."""
-        path = [str(SITE_DIR), *filter(None, [environ.get("PYTHONPATH")])]
-        spec = {
+        return gates_env([self], environ)
+
+    def _spec(self) -> dict[str, Any]:
+        return {
             "folder": str(self.folder),
             "at_step": self.at_step,
             "job_id": self.job_id,
             "opens_on_request": self.opens_on_request,
             "timeout_s": self.timeout_s,
         }
-        return {ENV: json.dumps(spec), "PYTHONPATH": os.pathsep.join(path)}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> StepGate | None:
+        gates = cls.all_from_env(environ)
+        return gates[0] if gates else None
+
+    @classmethod
+    def all_from_env(cls, environ: Mapping[str, str] = os.environ) -> list[StepGate]:
         raw = environ.get(ENV)
         if not raw:
-            return None
-        spec = json.loads(raw)
-        return cls(Path(spec.pop("folder")), **spec)
+            return []
+        specs = json.loads(raw)
+        return [cls(Path(spec.pop("folder")), **spec) for spec in specs]
+
+
+def gates_env(gates: list[StepGate], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What another process's environment needs to hold its jobs at these gates (each
+    gate its own job, or the same job at several steps)."""
+    path = [str(SITE_DIR), *filter(None, [environ.get("PYTHONPATH")])]
+    return {ENV: json.dumps([g._spec() for g in gates]), "PYTHONPATH": os.pathsep.join(path)}
 
 
 class StepGates:

@@ -88,6 +88,19 @@ def choose_backend(units: Sequence[GangUnit], override: str | None = None) -> st
     return "gloo" if vendors == {"sim"} else "nccl"
 
 
+def check_world_sizes(job_id: str | None, batch: int, sizes: Sequence[int]) -> None:
+    """Refuse a global batch that some world size the job may run at cannot split into
+    equal shares (every rank takes batch / world_size rows of each global batch)."""
+    bad = [n for n in sizes if n < 1 or batch % n]
+    if bad:
+        fits = [n for n in range(1, max(sizes) + 1) if batch % n == 0]
+        raise InvalidRequestError(
+            f"job {job_id!r}: global batch {batch} does not split into "
+            f"{' or '.join(map(str, bad))} equal shares (one per rank); it splits for "
+            f"{fits}: pick a batch size that divides by every world size the job may have"
+        )
+
+
 def encode_plan(units: Sequence[GangUnit]) -> str:
     return json.dumps([asdict(u) for u in units])
 

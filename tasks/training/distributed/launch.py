@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
-from gpuflow.tasks.training.distributed.gang import GangUnit, choose_backend, encode_plan
+from gpuflow.tasks.training.distributed.gang import (
+    GangUnit,
+    check_world_sizes,
+    choose_backend,
+    encode_plan,
+)
 from gpuflow.tasks.training.distributed.worker import rank_main
 from gpuflow.tasks.training.spec import TrainSpec
 
@@ -41,12 +46,7 @@ def check_gang(spec: TrainSpec, units: Sequence[GangUnit]) -> None:
             f"job {spec.job_id!r}: its units span nodes {sorted({u.node for u in units})}; "
             "a gang runs on one node here"
         )
-    batch = spec.resolved_batch_size
-    if batch % len(units):
-        raise InvalidRequestError(
-            f"job {spec.job_id!r}: global batch {batch} does not split into {len(units)} "
-            f"equal shares; pick a batch size that divides by {len(units)}"
-        )
+    check_world_sizes(spec.job_id, spec.resolved_batch_size, [len(units)])
 
 
 def run_gang(

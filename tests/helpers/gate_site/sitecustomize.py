@@ -19,13 +19,13 @@ _TARGET = "gpuflow.tasks.training.job"
 _GATE_FILE = Path(__file__).resolve().parents[1] / "step_gate.py"
 
 
-def _gate_observer() -> Any:
+def _gate_observers() -> list[Any]:
     spec = importlib.util.spec_from_file_location("_gpuflow_test_step_gate", _GATE_FILE)
     assert spec is not None and spec.loader is not None, _GATE_FILE
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass resolves annotations through it
     spec.loader.exec_module(module)
-    return module.StepGate.from_env().observer
+    return [gate.observer for gate in module.StepGate.all_from_env()]
 
 
 class _AddGateOnImport(importlib.abc.MetaPathFinder):
@@ -47,7 +47,7 @@ class _AddGateOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run_module(module)
-            module.step_observers.append(_gate_observer())
+            module.step_observers.extend(_gate_observers())
 
         spec.loader.exec_module = exec_module
         return spec

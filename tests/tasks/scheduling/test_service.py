@@ -4,6 +4,7 @@ the device, preemption through the control channel, lost runners, cancel, train 
 from __future__ import annotations
 
 import pytest
+from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.tasks.scheduling.model import (
     JobRequest,
@@ -209,6 +210,32 @@ def test_placement_for_train_binds_through_the_scheduler(cluster) -> None:
     assert "t3" not in [v.job_id for v in svc.jobs()]  # withdrawn, not left to wait
     pinned = placement_for_train(cluster, DeviceRequest(resource_id=_free_a100(svc)), "t4")
     assert pinned.resource.kind == "device"
+
+
+def test_a_gang_pinned_to_its_units_is_placed_there_or_refused_clearly(cluster) -> None:
+    """Remediation's relaunch pins a gang to the N units it reserved."""
+    from gpuflow.tasks.scheduling.train_placement import gang_placement
+
+    svc = SchedulerService.for_cluster(cluster)
+    by_node: dict[str, list[str]] = {}
+    for r in svc.inventory.free_resources(sku="a100-40gb"):
+        by_node.setdefault(r.node, []).append(r.resource_id)
+    units = next(ids for ids in by_node.values() if len(ids) >= 2)[:2]
+    pinned = DeviceRequest(resource_ids=units)
+    assert pinned.pinned == tuple(units)
+    bindings = gang_placement(cluster, pinned, "g1", 2)
+    assert [b.resource.resource_id for b in bindings] == units
+    assert {b.lease.owner for b in bindings} == {"g1"}
+    with pytest.raises(InvalidRequestError, match="a gang of 3 cannot be pinned to 2 unit"):
+        gang_placement(cluster, DeviceRequest(resource_ids=units), "g2", 3)
+    v100 = next(r.resource_id for r in svc.inventory.free_resources(sku="v100"))
+    with pytest.raises(InvalidRequestError, match="not homogeneous"):
+        gang_placement(cluster, DeviceRequest(resource_ids=[_free_a100(svc), v100]), "g3", 2)
+    assert {"g2", "g3"}.isdisjoint(v.job_id for v in svc.jobs())  # refused: nothing written
+    with pytest.raises(ValueError, match="not both"):
+        DeviceRequest(resource_id=units[0], resource_ids=units)
+    with pytest.raises(ValueError, match="distinct unit ids"):
+        DeviceRequest(resource_ids=[units[0], units[0]])
 
 
 def _free_a100(svc: SchedulerService) -> str:
