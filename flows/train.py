@@ -3,6 +3,8 @@ resume) ─ release ─ record results ─ log model ─ close run.
 
 A spec with ``gpus`` N > 1 is a gang: N units placed together, trained as N ranks on
 torch.distributed (tasks/training/distributed/), world size and units tagged on the run.
+One unit trains as a gang of one rank too when its spec asks for FSDP2 or it resumes a
+gang's sharded checkpoint (an elastic gang the scheduler shrank to one unit).
 
 The MLflow run carries the spec as params, loss/throughput/precision per step, every
 precision switch, device and SKU tags, and the final model. A run whose flow fails after it
@@ -28,6 +30,7 @@ from gpuflow.tasks.training.job import (
     check_owned_node,
     preflight_task,
     train_loop_task,
+    trains_as_gang,
 )
 from gpuflow.tasks.training.recording import (
     close_run_task,
@@ -71,7 +74,7 @@ def train(
 
     run_id = open_train_run_task(spec, experiment, parent_run_id)
     with fail_on_error(run_id):
-        if spec.gpus > 1:
+        if trains_as_gang(spec, pre):
             result = _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_s)
         else:
             result = _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s)

@@ -152,12 +152,20 @@ def train_cmd(
     gpus: Annotated[
         int,
         typer.Option(
-            help="Units to train on as one gang: N ranks on torch.distributed (DDP), one node."
+            help="Units to train on as one gang: N ranks on torch.distributed (--parallel), "
+            "one node."
         ),
     ] = 1,
     max_restarts: Annotated[
         int, typer.Option(help="A gang's restarts from its last checkpoint after a rank dies.")
     ] = 1,
+    parallel: Annotated[
+        str,
+        typer.Option(
+            help="A gang's ranks: ddp (each holds the whole model) or fsdp (FSDP2 shards "
+            "parameters, gradients and optimizer state; needs --gpus 2 or more)."
+        ),
+    ] = "ddp",
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
     from gpuflow.flows.train import train
@@ -173,6 +181,7 @@ def train_cmd(
         seed=seed,
         gpus=gpus,
         max_restarts=max_restarts,
+        parallel=parallel,
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
     with _StepProgress():

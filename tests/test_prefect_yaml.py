@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,16 @@ ROOT = Path(__file__).parents[1]
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
 
+def _agent_order_parameters() -> dict:
+    from gpuflow.tasks.training.distributed.agents import AgentOrder
+
+    return AgentOrder("j", 1, "n1", {}, {}, "[]", ("127.0.0.1", 1), None, None, None).parameters()
+
+
+# Deployments only other flows start (with the parameters these return).
+STARTED_BY_FLOWS = {"gang-agent": _agent_order_parameters}
+
+
 @pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
 def test_deployment_entrypoint_and_parameters(
     deployment: dict, monkeypatch: pytest.MonkeyPatch
@@ -19,7 +30,16 @@ def test_deployment_entrypoint_and_parameters(
     monkeypatch.chdir(ROOT)
     flow = load_flow_from_entrypoint(deployment["entrypoint"])
     assert flow.name == deployment["name"]
-    flow.validate_parameters(deployment.get("parameters") or {})
+    if deployment["name"] in STARTED_BY_FLOWS:
+        # No defaults: another flow starts it with every parameter it needs.
+        required = {
+            name
+            for name, p in inspect.signature(flow.fn).parameters.items()
+            if p.default is inspect.Parameter.empty
+        }
+        assert required <= set(STARTED_BY_FLOWS[deployment["name"]]())
+    else:
+        flow.validate_parameters(deployment.get("parameters") or {})
     assert deployment["work_pool"]["name"] == "gpuflow-process"
 
 

@@ -12,7 +12,7 @@ from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import schema
 from gpuflow.hardware.inventory.base import StoreBase, check_choice, check_name
 from gpuflow.hardware.inventory.records import JOB_STATES, JobRecord, JobState
-from sqlalchemy import Connection, Row, insert, select
+from sqlalchemy import Connection, Row, insert, select, update
 
 
 def job_record(row: Row[Any]) -> JobRecord:
@@ -56,7 +56,10 @@ class JobsMixin(StoreBase):
     ) -> JobRecord:
         """Register a job at attempt 0 (queued unless ``state`` says otherwise). Recording
         the same id with the same spec again returns the existing record (safe under task
-        retries); with another spec it is refused."""
+        retries); with another spec it is refused while the job lives. A finished or
+        failed job recorded with another spec (its owner resumes it with other settings:
+        fewer GPUs, more steps) takes the new spec and ``state``; its attempts count on,
+        so fencing tokens and attempt checks stay monotonic."""
         check_name(job_id, "job id")
         clean = json_object(spec, "job spec")
         check_choice(state, JOB_STATES, "job state")
@@ -66,11 +69,24 @@ class JobsMixin(StoreBase):
         def work(conn: Connection) -> JobRecord:
             row = conn.execute(select(j).where(j.c.job_id == job_id)).first()
             if row is not None:
-                if row.spec != clean:
+                if row.spec == clean:
+                    return job_record(row)
+                if row.state not in (JobState.FINISHED, JobState.FAILED):
                     raise InvalidRequestError(
-                        f"job {job_id!r} is already recorded with another spec"
+                        f"job {job_id!r} is already recorded with another spec "
+                        f"(it is {row.state}: cancel it or wait for it to end)"
                     )
-                return job_record(row)
+                conn.execute(
+                    update(j)
+                    .where(j.c.job_id == job_id, j.c.attempt == row.attempt)
+                    .values(
+                        spec=clean,
+                        state=str(JobState(state)),
+                        resource_ids=ids,
+                        updated_at=self._clock(),
+                    )
+                )
+                return job_record(conn.execute(select(j).where(j.c.job_id == job_id)).one())
             now = self._clock()
             conn.execute(
                 insert(j).values(

@@ -41,7 +41,13 @@ def run_scheduled_job(
     from gpuflow.tasks.training.binding import DeviceRequest
     from gpuflow.tasks.training.distributed.job import run_gang_training
     from gpuflow.tasks.training.distributed.tasks import tag_gang
-    from gpuflow.tasks.training.job import EXPERIMENT, preflight, result_metrics, run_training
+    from gpuflow.tasks.training.job import (
+        EXPERIMENT,
+        preflight,
+        result_metrics,
+        run_training,
+        trains_as_gang,
+    )
     from gpuflow.tasks.training.spec import TrainSpec
 
     service = SchedulerService.for_cluster(cluster)
@@ -62,7 +68,7 @@ def run_scheduled_job(
     attempt = binding.lease.attempt
     service.inventory.mark_launching(job_id, attempt)
     try:
-        preflight(spec, storage, cluster, DeviceRequest(sku=res.sku))
+        gang = trains_as_gang(spec, preflight(spec, storage, cluster, DeviceRequest(sku=res.sku)))
     except Exception:
         service.job_done(job_id, ok=False, attempt=attempt)
         raise
@@ -87,9 +93,9 @@ def run_scheduled_job(
         params=[mlflow.entities.Param(k, v) for k, v in flat_params("", spec.model_dump()).items()],
     )
     try:
-        if spec.gpus > 1:
-            result, gang = run_gang_training(spec, storage, cluster, bindings, run_id)
-            tag_gang(run_id, gang)
+        if gang:
+            result, report = run_gang_training(spec, storage, cluster, bindings, run_id)
+            tag_gang(run_id, report)
         else:
             result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
     except LeaseLostError:

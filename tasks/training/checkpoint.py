@@ -197,8 +197,7 @@ class CheckpointManager:
         Each top-level key of ``state`` becomes one file (torch.save, hashed while it is
         written). ``meta`` (JSON) may carry ``model_name`` and ``model_fingerprint``.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        _check_step(step)
         if not isinstance(state, dict) or not state:
             raise ValueError(
                 "state must be a non-empty dict (e.g. {'model': ..., 'optimizer': ...})"
@@ -245,27 +244,49 @@ class CheckpointManager:
         self, step: int, paths: dict[str, Path], meta: dict[str, Any] | None = None
     ) -> str:
         """Commit files someone else wrote (a torch.distributed.checkpoint folder) as
-        checkpoint ``step``: each is uploaded under a nonce and hashed, then the manifest
-        (layout "dcp") is written last, exactly as ``save`` commits. ``paths`` maps the
-        name a file must have when fetched back (``.metadata``, ``__0_0.distcp``...) to
-        where it is now."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        checkpoint ``step``: each is uploaded under a nonce and hashed (``upload_file``),
+        then the manifest (layout "dcp") is written last (``commit_manifest``), exactly as
+        ``save`` commits. ``paths`` maps the name a file must have when fetched back
+        (``.metadata``, ``__0_0.distcp``...) to where it is now."""
+        _check_step(step)
         if not paths:
             raise ValueError("commit_files needs at least one file")
+        # Refused before a byte is uploaded (commit_manifest checks again before it commits).
+        self.refuse_other_model(
+            _json_ready(meta or {}).get("model_fingerprint", self.expected_model)
+        )
+        self._refuse_stale_token()
+        files = {name: self.upload_file(step, name, path) for name, path in paths.items()}
+        return self.commit_manifest(step, files, meta)
+
+    def upload_file(self, step: int, name: str, path: Path) -> dict[str, Any]:
+        """Upload one file of the uncommitted checkpoint ``step`` under a fresh nonce and
+        return its manifest entry (sha256, size): what each rank of a gang does with its
+        own shards, on whichever node it runs; ``commit_manifest`` commits the entries."""
+        _check_step(step)
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"file name {name!r} must be a plain name (no '/')")
+        # The name's letters for a reader of the store, a nonce so that every upload
+        # (any rank, any re-save of the step) gets a key no committed manifest points to.
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "", name).strip("._-")[:64] or "part"
+        file_name = f"{stem}.{secrets.token_hex(6)}.bin"
+        digest, size = sha256_of(path)
+        self.store.put_file(self._key(checkpoint_id_for(step), file_name), path)
+        return {"file": file_name, "sha256": digest, "size_bytes": size}
+
+    def commit_manifest(
+        self, step: int, files: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None
+    ) -> str:
+        """Commit the uploaded ``files`` (name -> ``upload_file``'s entry) as checkpoint
+        ``step`` (layout "dcp"): the manifest, with the fencing token, written last."""
+        _check_step(step)
+        if not files:
+            raise ValueError("commit_manifest needs at least one file")
         meta = _json_ready(meta or {})
         fingerprint = meta.get("model_fingerprint", self.expected_model)
         self.refuse_other_model(fingerprint)
         self._refuse_stale_token()
-        checkpoint_id = checkpoint_id_for(step)
-        nonce = secrets.token_hex(4)
-        files: dict[str, dict[str, Any]] = {}
-        for index, (name, path) in enumerate(sorted(paths.items())):
-            file_name = f"part{index:04d}.{nonce}.bin"
-            digest, size = sha256_of(path)
-            self.store.put_file(self._key(checkpoint_id, file_name), path)
-            files[name] = {"file": file_name, "sha256": digest, "size_bytes": size}
-        return self._commit(checkpoint_id, step, files, meta, fingerprint, LAYOUT_DCP)
+        return self._commit(checkpoint_id_for(step), step, files, meta, fingerprint, LAYOUT_DCP)
 
     def fetch(self, checkpoint_id: str, dest: Path) -> dict[str, Any]:
         """Download a committed checkpoint's files into ``dest`` under their names,
@@ -549,6 +570,11 @@ class CheckpointManager:
             state=state,
             manifest=manifest,
         )
+
+
+def _check_step(step: Any) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
 
 
 def _step_of(checkpoint_id: str) -> int:

@@ -26,7 +26,7 @@ from gpuflow.tasks.training.binding import (
     attempt_resources,
     lease_device,
 )
-from gpuflow.tasks.training.checkpoint import checkpoint_manager
+from gpuflow.tasks.training.checkpoint import LAYOUT_DCP, LAYOUT_TORCH, checkpoint_manager
 from gpuflow.tasks.training.loop import (
     CHECKPOINT_AND_STOP,
     StepInfo,
@@ -67,14 +67,21 @@ def preflight(
     sku = sku_of(device.sku) if device.sku else None
     workload = build_workload(spec, torch_device_for(backend), sku)  # validates the policy
     manager = checkpoint_manager(storage, spec.job_id, expected_model=workload.fingerprint)
-    if spec.gpus > 1:
-        # A gang resumes from any layout (DCP reshards; a one-process file loads whole):
-        # its manifest says which model it holds, without loading anything here.
-        manager.refuse_other_model(workload.fingerprint)
-        newest = next(iter(manager.committed()), None)
-        return {"resume_from": newest[0] if newest else None, "backend": backend.name}
-    latest = manager.latest(expected_model=workload.fingerprint)  # another model's: error
-    return {"resume_from": latest.checkpoint_id if latest else None, "backend": backend.name}
+    # The newest manifest says which model it holds (another model's: refused) and how it
+    # was written; nothing is loaded here.
+    manager.refuse_other_model(workload.fingerprint)
+    newest = next(iter(manager.committed()), None)
+    return {
+        "resume_from": newest[0] if newest else None,
+        "layout": newest[1].get("layout", LAYOUT_TORCH) if newest else None,
+        "backend": backend.name,
+    }
+
+
+def trains_as_gang(spec: TrainSpec, pre: dict) -> bool:
+    """A gang under torch.distributed (N ranks, FSDP2, or one rank resuming a gang's
+    sharded checkpoint: an elastic gang shrunk to one unit), else one plain process."""
+    return spec.distributed or pre.get("layout") == LAYOUT_DCP
 
 
 def acquire(cluster: GpuCluster, device: DeviceRequest, job_id: str) -> Binding:

@@ -1,7 +1,8 @@
 """How many processes train one job, and how they agree: the loop's parallelism unit.
 
 The training loop (loop.py) is written once; what differs between one process and a gang
-of N ranks is behind ``Parallel``: wrapping the model (DDP), taking this rank's share of
+of N ranks is behind ``Parallel``: wrapping the model (DDP; FSDP2 shards it before the
+checkpointer restores, distributed/fsdp.py), taking this rank's share of
 each global batch, agreeing on rank 0's inputs to every decision (the control channel's
 request, the utilization reading the precision policy acts on), averaging the loss it
 logs, and how checkpoints are written (one process: CheckpointManager's files; a gang:

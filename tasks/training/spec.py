@@ -37,11 +37,16 @@ class TrainSpec(BaseModel):
     eval_batches: int = Field(default=8, ge=1)
     log_every: int = Field(default=10, ge=1)
     # A gang (tasks/training/distributed/): how many units train as ranks, how often the
-    # elastic agent restarts a failed gang from its last checkpoint, and the collective
-    # backend (default: chosen from the leased devices).
+    # elastic agent restarts a failed gang from its last checkpoint, the collective
+    # backend (default: chosen from the leased devices), and how the ranks hold the model.
     gpus: int = Field(default=1, ge=1, le=64, description="Ranks: one per leased unit.")
     max_restarts: int = Field(default=1, ge=0, le=100)
     backend: Literal["gloo", "nccl"] | None = None
+    parallel: Literal["ddp", "fsdp"] = Field(
+        default="ddp",
+        description="A gang's ranks: ddp (each holds the whole model) or fsdp (FSDP2: each "
+        "holds 1/N of the parameters, gradients and optimizer state).",
+    )
 
     @field_validator("job_id")
     @classmethod
@@ -70,6 +75,12 @@ class TrainSpec(BaseModel):
                 f"dataset {self.dataset!r} does not fit model {self.model!r} (a {spec.task} model)"
             )
         return self
+
+    @property
+    def distributed(self) -> bool:
+        """Whether it trains as a gang under torch.distributed: several units, or FSDP2
+        (one rank of it too: a gang shrunk to one unit keeps its parallelism)."""
+        return self.gpus > 1 or self.parallel == "fsdp"
 
     # Resolved settings: the spec's value, else the model's recommended one.
     @property

@@ -4,6 +4,7 @@ acknowledged and finishes with no step lost."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -181,6 +182,7 @@ def test_a_placement_of_two_units_trains_as_a_gang_of_two_ranks(tmp_path: Path) 
     run = mlflow.MlflowClient(tracking_uri()).get_run(out["run_id"])
     assert run.data.params["world_size"] == "2" and run.data.params["backend"] == "gloo"
     assert run.data.tags["gpuflow.resource_ids"] == ",".join(units)
-    ckpt = tmp_path / "ckpt" / "pair" / "step-000000004"
-    assert (ckpt / "__0_0.distcp").exists() and (ckpt / "__1_0.distcp").exists()
+    manifest = json.loads((tmp_path / "ckpt/pair/step-000000004/manifest.json").read_text())
+    assert manifest["layout"] == "dcp"  # torch.distributed.checkpoint, one shard file per rank
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(manifest["files"])
     assert Inventory().job("pair").state == "finished" and Inventory().leases() == []

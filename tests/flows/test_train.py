@@ -180,3 +180,53 @@ def test_a_gang_trains_as_two_ranks_on_the_two_units_it_leased(tmp_path) -> None
     assert inventory.leases(owner="flow-gang") == []
     record = inventory.job("flow-gang")
     assert record.state == "finished" and sorted(record.resource_ids) == sorted(units)
+
+    # Shrunk to one unit (an elastic gang the scheduler gave one unit): its sharded
+    # checkpoint resumes on a gang of one rank, not in a plain process that cannot read it.
+    more = spec.model_copy(update={"gpus": 1, "steps": 12})
+    out = train(more, device=DeviceRequest(sku="a100-40gb"), storage=storage, log_model=False)
+    assert (out["resumed_from_step"], out["steps_done"]) == (10, 12)
+    assert _run(out["run_id"]).data.params["world_size"] == "1"
+    (newest, manifest), *_ = manager.committed()
+    assert newest == "step-000000012" and manifest["layout"] == "dcp"
+
+
+TWO_NODES = """
+name: two-nodes
+seed: 3
+faults: {natural: false}
+nodes:
+  - {name: n0, region: r1, role: active, devices: [{sku: a100-40gb, count: 1}]}
+  - {name: n1, region: r1, role: active, devices: [{sku: a100-40gb, count: 1}]}
+"""
+
+
+def test_a_gang_across_two_nodes_runs_one_agent_per_node(tmp_path, monkeypatch) -> None:
+    """Two units on two nodes: this run's agent on the first node hosts the rendezvous,
+    the second node's agent runs where that node's work runs (here: a process of this
+    machine, no `gang-agent` deployment on this server); each keeps its own staging."""
+    from gpuflow.blocks.gpu_cluster import GpuCluster
+
+    fleet = tmp_path / "two-nodes.yaml"
+    fleet.write_text(TWO_NODES)
+    GpuCluster(backend="sim", cluster_spec=str(fleet)).save("two-nodes", overwrite=True)
+    monkeypatch.setenv("GPUFLOW_GANG_AGENTS", "auto")
+    storage = CheckpointStorage(path=str(tmp_path / "ckpt"))
+    spec = _spec("across", steps=6, checkpoint_interval=3, batch_size=2, precision="fp32", gpus=2)
+    out = train(
+        spec,
+        device=DeviceRequest(sku="a100-40gb"),
+        storage=storage,
+        cluster_block="two-nodes",
+        log_model=False,
+    )
+    assert out["steps_done"] == 6 and out["stopped_by_request"] is False
+    run = _run(out["run_id"])
+    assert run.data.params["world_size"] == "2"
+    assert run.data.params["nodes"] == str(["n0", "n1"])
+    manager = CheckpointManager(open_store(storage), "across")
+    (newest, manifest), *_ = manager.committed()
+    assert newest == "step-000000006" and manifest["layout"] == "dcp"
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(manifest["files"])
+    inventory = Inventory()
+    assert inventory.job("across").state == "finished" and inventory.leases() == []

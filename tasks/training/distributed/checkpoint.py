@@ -1,21 +1,27 @@
 """A gang's checkpoints: torch.distributed.checkpoint (DCP) under the project's manifest.
 
-Each rank writes its own shards of the model and optimizer with DCP into a staging folder
-(``async_save`` for periodic checkpoints: training stalls only for the staging copy; a
-checkpoint asked for on request, and the last one, are written synchronously). Rank 0
-adds the small replicated part (precision, sampler, RNG, step: tasks/training/state.py),
-then commits the folder through CheckpointManager.commit_files: every file hashed into
-the sha256 manifest with the writer's fencing token, the manifest written last. An async
-save is committed as soon as its write is done (on the writer's thread); the next save
-and the end of the loop wait for that (``flush``). A gang that dies before the commit
-resumes from the checkpoint before it.
+Each rank writes its own shards of the model and optimizer with DCP into its node's
+staging folder (``async_save`` for periodic checkpoints: training stalls only for the
+staging copy; a checkpoint asked for on request, and the last one, are written
+synchronously). No rank relies on another node's files: each uploads the shard files it
+wrote itself (CheckpointManager.upload_file: stored under a nonce, hashed), and the
+manifest entries reach rank 0 by an all-gather on the checkpoint group. Rank 0 adds the
+small replicated part (precision, sampler, RNG, step: tasks/training/state.py) and DCP's
+``.metadata``, checks that the entries cover every file ``.metadata`` refers to, and
+commits (CheckpointManager.commit_manifest: the sha256 manifest with the writer's
+fencing token, written last). An async save is uploaded and committed as soon as its
+write is done (on the writer's thread); the next save and the end of the loop wait for
+that (``flush``). A gang that dies before the commit resumes from the checkpoint before
+it.
 
 Restore is resharding by construction: DCP loads into whatever layout this run has, so a
-checkpoint written by N ranks resumes on M. A checkpoint of a one-process run (torch
-files) resumes a gang too.
-
-Staging is one folder all ranks of a node see (this machine's GPUFLOW_HOME); a gang spans
-one node here (docs/distributed.md).
+checkpoint written by N ranks resumes on M, and one written by DDP ranks (whole tensors)
+resumes FSDP2 ranks (DTensor shards) and back: the state dicts are keyed by parameter
+name either way (torch.distributed.checkpoint.state_dict). The parallelism unit lays the
+workload out first (``prepare``: FSDP2 shards the model there), so each rank reads only
+its part. A checkpoint of a one-process run (torch files) resumes a gang too. Rank 0
+picks the newest checkpoint that verifies; the first rank of every other node fetches it
+into its own node's staging folder (verified against the manifest again), then all load.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,14 +42,16 @@ import torch.distributed.checkpoint as dcp
 from gpuflow.tasks.training.checkpoint import (
     LAYOUT_DCP,
     CheckpointCorruptError,
+    CheckpointError,
     CheckpointManager,
     ModelMismatchError,
     checkpoint_id_for,
 )
 from gpuflow.tasks.training.parallel import OnCommit
-from gpuflow.tasks.training.state import MODEL, OPTIMIZER, extra_state, restore_extra, restore_full
+from gpuflow.tasks.training.state import MODEL, OPTIMIZER, extra_state, restore_extra
 from gpuflow.tasks.training.storage import StorageError
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -55,6 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXTRA_FILE = "extra.pt"
+METADATA_FILE = ".metadata"  # DCP's, written by the coordinator (rank 0)
 
 
 class DcpCheckpointer:
@@ -67,12 +77,24 @@ class DcpCheckpointer:
         rank: int,
         async_group: Any,
         on_commit: OnCommit | None,
+        prepare: Callable[[Workload], None] | None = None,
     ) -> None:
         self.manager, self.staging, self.rank = manager, staging, rank
-        self.async_group = async_group  # gloo: async writes never share the training group
+        # gloo, checkpoints only: async writes, and the uploads' all-gather on the writer's
+        # thread, never share the training group (whose collectives run meanwhile).
+        self.async_group = async_group
         self.on_commit = on_commit
-        # A restarted gang (torchelastic's restart count) never reuses a dead one's folder.
-        self._generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.prepare = prepare  # the parallelism unit's layout, before anything is loaded
+        # The first rank of each node fetches for its node (torchelastic's LOCAL_RANK; a
+        # process group started without it is taken for one node, rank 0 its first).
+        self.node_first = int(os.environ.get("LOCAL_RANK", rank)) == 0
+        # A restarted gang (torchelastic's restart count) never reuses a dead one's folder,
+        # and two nodes sharing a staging file system (GROUP_RANK: the node's rank) never
+        # write or fetch into one folder.
+        self._generation = (
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+            f".node{os.environ.get('GROUP_RANK', '0')}"
+        )
         self._pending: tuple[threading.Event, list[BaseException]] | None = None
         self.stalls_s: list[float] = []  # how long each save held training up
 
@@ -91,22 +113,26 @@ class DcpCheckpointer:
         started = time.perf_counter()
         state = self._tensors(w)
         if blocking:
-            dcp.save(state, checkpoint_id=folder)
+            written = dcp.save(state, checkpoint_id=folder)
         else:
             future = dcp.async_save(state, checkpoint_id=folder, process_group=self.async_group)
         self.stalls_s.append(time.perf_counter() - started)
         if self.rank == 0:
             torch.save(extra_state(w, step), folder / EXTRA_FILE)
         if blocking:
-            self._commit(cid, step, folder, meta)
+            self._commit(step, folder, written, meta)
         else:
             committed = threading.Event()
             errors: list[BaseException] = []
 
+            # The upload and its all-gather run here, on the writer's thread (or on this
+            # one, if the write is already done): every rank runs it once per save, after
+            # its own write and before any later checkpoint collective (``flush`` comes
+            # first), on the checkpoint group alone; so the ranks' calls pair up, and the
+            # training group's collectives meanwhile are another group's.
             def commit_when_written(done: Future) -> None:
                 try:
-                    done.result()
-                    self._commit(cid, step, folder, meta)
+                    self._commit(step, folder, done.result(), meta)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by flush()
                     errors.append(exc)
                 finally:
@@ -126,42 +152,87 @@ class DcpCheckpointer:
         if errors:
             raise errors[0]
 
-    def _commit(self, cid: str, step: int, folder: Path, meta: dict[str, Any]) -> None:
-        # Rank 0's write returns once every rank's shards are written (DCP gathers their
-        # results before it writes .metadata): the folder is complete here.
+    def _commit(self, step: int, folder: Path, written: Any, meta: dict[str, Any]) -> None:
+        """Every rank uploads the files it wrote; rank 0 commits them all. ``written``: the
+        Metadata DCP's save returned on every rank (it writes .metadata once every rank's
+        shards are written, so the files it names are complete on their nodes)."""
+        shards = sorted({info.relative_path for info in written.storage_data.values()})
+        mine = [n for n in shards if n.startswith(f"__{self.rank}_")]  # DCP's per-rank prefix
+        if self.rank == 0:
+            mine += [METADATA_FILE, EXTRA_FILE]
+        entries: dict[str, dict[str, Any]] | str
+        try:
+            entries = {n: self.manager.upload_file(step, n, folder / n) for n in mine}
+        except Exception as exc:  # noqa: BLE001 - any failure still joins the gather below,
+            entries = f"{type(exc).__name__}: {exc}"  # or every other rank would hang in it
+        gathered: list[Any] = [None] * dist.get_world_size(self.async_group)
+        dist.all_gather_object(gathered, entries, group=self.async_group)
+        if isinstance(entries, str):
+            raise CheckpointError(f"rank {self.rank} could not upload its shards: {entries}")
+        # Every rank's upload is done: this node's folder is no one's any more (rank 0
+        # still commits from memory).
+        shutil.rmtree(folder, ignore_errors=True)
         if self.rank != 0:
             return
-        paths = {p.name: p for p in folder.iterdir() if p.is_file()}
-        self.manager.commit_files(step, paths, meta)
-        shutil.rmtree(folder, ignore_errors=True)
+        failed = {r: e for r, e in enumerate(gathered) if isinstance(e, str)}
+        if failed:
+            raise CheckpointError(
+                f"step {step}: ranks' uploads failed, nothing committed: {failed}"
+            )
+        files = {name: entry for part in gathered for name, entry in part.items()}
+        missing = sorted(set(shards) - set(files))
+        if missing:
+            raise CheckpointError(f"step {step}: no rank uploaded {missing}; nothing committed")
+        cid = self.manager.commit_manifest(step, files, meta)
         if self.on_commit:
             self.on_commit(cid, step)
 
     # -- restore --------------------------------------------------------------------------
     def restore(self, w: Workload) -> tuple[str, int] | None:
-        """Every rank loads the newest committed checkpoint that verifies (rank 0 fetches
-        and checks it, then tells the others where it is)."""
+        """Every rank loads the newest committed checkpoint that verifies: rank 0 finds
+        and fetches it, every other node's first rank fetches it too, then all load."""
+        if self.prepare is not None:
+            self.prepare(w)  # a sharded model loads its shards, not the whole model
         found = self._fetch_newest() if self.rank == 0 else None
         box = [found]
         dist.broadcast_object_list(box, src=0)
         found = box[0]
         if found is None:
             return None
-        cid, layout, folder = found
+        cid, layout = found
         if layout != LAYOUT_DCP:  # a one-process checkpoint: every rank loads the same file
             loaded = self.manager.load(cid, expected_model=self.manager.expected_model)
-            return cid, restore_full(w, loaded.state)
+            return cid, _restore_whole(w, loaded.state)
+        folder = self._restore_folder(cid)
+        error = None
+        if self.node_first and self.rank != 0:
+            try:
+                self.manager.fetch(cid, folder)
+            except (CheckpointCorruptError, StorageError, OSError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        # Also the barrier: no rank reads before its node's copy is complete.
+        errors: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        failed = {r: e for r, e in enumerate(errors) if e is not None}
+        if failed:
+            raise CheckpointCorruptError(
+                f"checkpoint {self.manager.job_id}/{cid} verified on rank 0 but not on "
+                f"other nodes: {failed}"
+            )
         state = self._tensors(w)
         dcp.load(state, checkpoint_id=folder)
         set_model_state_dict(w.model, state[MODEL])
         set_optimizer_state_dict(w.model, w.optimizer, state[OPTIMIZER])
-        step = restore_extra(w, torch.load(Path(folder) / EXTRA_FILE, weights_only=True))
+        step = restore_extra(w, torch.load(folder / EXTRA_FILE, weights_only=True))
         dist.barrier()
-        if self.rank == 0:
+        if self.node_first:
             shutil.rmtree(folder, ignore_errors=True)
         return cid, step
 
-    def _fetch_newest(self) -> tuple[str, str, str] | None:
+    def _restore_folder(self, cid: str) -> Path:
+        return self.staging / f"restore-{cid}.gen{self._generation}"
+
+    def _fetch_newest(self) -> tuple[str, str] | None:
         expected = self.manager.expected_model
         for cid, manifest in self.manager.committed():
             theirs = manifest.get("model_fingerprint")
@@ -172,15 +243,41 @@ class DcpCheckpointer:
                 )
             layout = manifest.get("layout", "torch")
             if layout != LAYOUT_DCP:
-                return cid, layout, ""
-            folder = self.staging / f"restore-{cid}.gen{self._generation}"
+                return cid, layout
             try:
-                self.manager.fetch(cid, folder)
+                self.manager.fetch(cid, self._restore_folder(cid))
             except (CheckpointCorruptError, StorageError) as exc:
                 log.warning("checkpoint %s is unusable and skipped: %s", cid, exc)
                 continue
-            return cid, layout, str(folder)
+            return cid, layout
         return None
+
+
+def _restore_whole(w: Workload, state: dict[str, Any]) -> int:
+    """Restore a one-process checkpoint (whole tensors, the optimizer's parameters by
+    index) into this rank's layout: the state-dict API keeps this rank's part of each
+    tensor (all of it under DDP, its shard under FSDP2)."""
+    whole = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(w.model, state[MODEL], options=whole)
+    optim = _by_name(w.model, w.optimizer, state[OPTIMIZER])
+    set_optimizer_state_dict(w.model, w.optimizer, optim, options=whole)
+    return restore_extra(w, state)
+
+
+def _by_name(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, native: dict[str, Any]
+) -> dict[str, Any]:
+    """``optimizer.state_dict()`` (parameters numbered in param-group order) keyed by
+    parameter name instead, the form set_optimizer_state_dict takes."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {
+        "state": {order[i]: value for i, value in native["state"].items()},
+        "param_groups": [
+            {**group, "params": [order[i] for i in group["params"]]}
+            for group in native["param_groups"]
+        ],
+    }
 
 
 def load_model_weights(manager: CheckpointManager, model: torch.nn.Module, scratch: Path) -> str:

@@ -8,23 +8,47 @@ checkpoints with the leases' fencing token, so a stale attempt's writes are refu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import socket
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.hardware.inventory import JobState
 from gpuflow.hardware.inventory.keeper import LeaseKeeper
+from gpuflow.tasks.training.distributed.agents import (
+    RemoteAgents,
+    agent_mode,
+    agent_orders,
+    node_address,
+)
 from gpuflow.tasks.training.distributed.gang import GangUnit
-from gpuflow.tasks.training.distributed.launch import run_gang
+from gpuflow.tasks.training.distributed.launch import run_gang, run_node_agent
+from gpuflow.tasks.training.distributed.node_agent import agent_options, node_staging
+from gpuflow.tasks.training.distributed.worker import rank_owner
 from gpuflow.tasks.training.loop import TrainResult
 from gpuflow.tasks.training.spec import TrainSpec
 
 LEASE_TTL_S = 300.0
+AGENT_MODE_ENV = "GPUFLOW_GANG_AGENTS"  # auto | deployment | in-process (agents.py)
 _RESULT_FIELDS = tuple(TrainResult.__dataclass_fields__)
 
 
 def gang_units(bindings: Sequence[Any]) -> list[GangUnit]:
     return [GangUnit.of(b.resource, b.backend_name) for b in bindings]
+
+
+@contextlib.contextmanager
+def _rank_workloads_ended(cluster: Any, job_id: str, ranks: int) -> Iterator[None]:
+    """Each rank ends its own workload; one killed mid-run (SIGKILL) cannot: its device
+    would look busy for ever on the twin. Ended here for every rank, whatever happened."""
+    try:
+        yield
+    finally:
+        backend = cluster.get_backend()
+        for rank in range(ranks):
+            backend.end_workload(rank_owner(job_id, rank))
 
 
 def run_gang_training(
@@ -39,20 +63,14 @@ def run_gang_training(
     attempt = bindings[0].lease.attempt
     ids = [b.resource.resource_id for b in bindings]
     keeper = LeaseKeeper(inventory, spec.job_id, attempt, ids, LEASE_TTL_S)
-    with keeper:
+    with keeper, _rank_workloads_ended(cluster, spec.job_id, len(bindings)):
         inventory.transition_job(spec.job_id, JobState.RUNNING, expect_attempt=attempt)
-        out = run_gang(
-            spec,
-            storage,
-            gang_units(bindings),
-            staging=gpuflow_home() / "gangs",
-            inventory_url=inventory.url,
-            fencing_token=bindings[0].lease.token,
-            attempt=attempt,
-            max_restarts=spec.max_restarts,
-            backend=spec.backend,
-            run_id=run_id,
-        )
+        units = gang_units(bindings)
+        common = agent_options(spec, cluster, bindings[0].lease.token, attempt, run_id)
+        if len({u.node for u in units}) == 1:
+            out = run_gang(spec, storage, units, staging=gpuflow_home() / "gangs", **common)
+        else:
+            out = _run_across_nodes(spec, storage, cluster, units, common)
         keeper.check()
     result = TrainResult(
         **{k: v for k, v in out.items() if k in _RESULT_FIELDS and k != "switches"}
@@ -66,7 +84,53 @@ def run_gang_training(
     report = {
         "world_size": out["world_size"],
         "backend": out["backend"],
+        "parallel": spec.parallel,
         "nodes": sorted({b.resource.node for b in bindings}),
         "resource_ids": ids,
     }
     return result, report
+
+
+def _run_across_nodes(
+    spec: TrainSpec, storage: Any, cluster: Any, units: list[GangUnit], common: dict[str, Any]
+) -> dict[str, Any]:
+    """This node's agent here (the gang's first node: it hosts the rendezvous), every
+    other node's started where that node runs (agents.py); rank 0's result."""
+    mode = agent_mode(os.environ.get(AGENT_MODE_ENV, "auto"))
+    address = node_address(all_local=mode == "in-process")
+    rendezvous = (address, _free_port(address))
+    orders = agent_orders(
+        spec,
+        storage,
+        units,
+        rendezvous,
+        attempt=common["attempt"],
+        fencing_token=common["fencing_token"],
+        run_id=common["run_id"],
+        cluster_block=getattr(cluster, "_block_document_name", None),
+    )
+    for order in orders:  # on this machine every agent listens on loopback
+        order.options["local_addr"] = address if mode == "in-process" else None
+    first = units[0].node
+    with RemoteAgents(orders, mode, cluster):
+        mine = run_node_agent(
+            spec,
+            storage,
+            units,
+            first,
+            rendezvous,
+            staging=node_staging(first),
+            local_addr=address,
+            **common,
+        )
+    # Rank 0 may be on any node (the rendezvous orders them): every rank carries its result.
+    any_rank = mine[min(mine)]
+    out = dict(any_rank["rank0"])
+    out.update(world_size=len(units), backend=any_rank["backend"])
+    return out
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])

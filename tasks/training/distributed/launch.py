@@ -1,18 +1,23 @@
-"""Launch and supervise a gang: torchelastic's agent, started and watched by gpuflow.
+"""Launch and supervise a gang: torchelastic's agents, started and watched by gpuflow.
 
-``run_gang`` runs one elastic agent in this process (torch.distributed.launcher's
-``elastic_launch``, torchrun's own launcher API) that starts one rank process per leased
-unit, hosts the c10d rendezvous, and restarts the whole gang from its last committed
-checkpoint when a rank dies, up to ``max_restarts`` times; beyond that it raises and the
-job goes the way a crashed one goes (remediation). The agent's rendezvous endpoint is on
-loopback: the gang spans this node (docs/distributed.md says what multi-node needs).
+A gang of N units on M nodes runs as M elastic agents, one per node, the way multi-node
+torchrun does (torch.distributed.launcher's ``elastic_launch``, torchrun's own launcher
+API). ``run_node_agent`` runs THIS node's agent: it starts one rank process per unit of
+this node, joins the other nodes' agents in a c10d rendezvous (min = max = M nodes)
+hosted by the agent of the gang's first node, and restarts the whole gang from its last
+committed checkpoint when a rank dies, up to ``max_restarts`` times; beyond that it
+raises and the job goes the way a crashed one goes (remediation). ``run_gang`` is the one
+node case: this node's agent alone, its rendezvous on loopback. Who starts the other
+nodes' agents (a Prefect flow run on each node's work queue) is not here yet
+(docs/distributed.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +28,15 @@ from gpuflow.tasks.training.distributed.gang import (
     choose_backend,
     encode_plan,
 )
+from gpuflow.tasks.training.distributed.relay import StepRelay
 from gpuflow.tasks.training.distributed.worker import rank_main
 from gpuflow.tasks.training.spec import TrainSpec
+
+# torchelastic's switch (dynamic_rendezvous.py, ``use_agent_store``): with it, every round
+# bootstraps the ranks on a fresh store hosted by that round's rank 0 on a fresh port,
+# instead of the node-rank-0 agent's one store reused across rounds (see worker.py's
+# _round_store for why a reused store needs a gang-wide round, which several agents lack).
+_FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 class GangFailedError(RuntimeError):
@@ -37,22 +49,66 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def check_gang(spec: TrainSpec, units: Sequence[GangUnit]) -> None:
-    """Refuse, before anything starts, a gang that cannot split its batch or has no unit."""
+def check_gang(
+    spec: TrainSpec, units: Sequence[GangUnit], *, across_nodes: bool = False
+) -> dict[str, list[GangUnit]]:
+    """Refuse, before anything starts, a gang that cannot split its batch, has no unit,
+    names a unit twice, or spans nodes where ``across_nodes`` is not allowed (one agent
+    for all units: ``run_gang``). Returns the units grouped per node, in the order the
+    nodes first appear (the first is the gang's first unit's: it hosts the rendezvous)."""
     if not units:
         raise InvalidRequestError(f"job {spec.job_id!r}: a gang needs at least one unit")
-    if len({u.node for u in units}) > 1:
+    ids = [u.resource_id for u in units]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise InvalidRequestError(f"job {spec.job_id!r}: units {twice} appear more than once")
+    per_node: dict[str, list[GangUnit]] = {}
+    for unit in units:
+        per_node.setdefault(unit.node, []).append(unit)
+    if len(per_node) > 1 and not across_nodes:
         raise InvalidRequestError(
-            f"job {spec.job_id!r}: its units span nodes {sorted({u.node for u in units})}; "
-            "a gang runs on one node here"
+            f"job {spec.job_id!r}: its units span nodes {sorted(per_node)}; run_gang runs "
+            "one node's agent: a gang across nodes needs run_node_agent on each node"
         )
     check_world_sizes(spec.job_id, spec.resolved_batch_size, [len(units)])
+    return per_node
 
 
-def run_gang(
+def _parse_rendezvous(job_id: str, rendezvous: Any) -> tuple[str, int]:
+    try:
+        host, port = rendezvous
+        port = int(port)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(
+            f"job {job_id!r}: rendezvous {rendezvous!r} is not (host, port)"
+        ) from None
+    if not isinstance(host, str) or not host or not 0 < port < 65536:
+        raise InvalidRequestError(
+            f"job {job_id!r}: rendezvous {rendezvous!r} needs a host name and a port in 1-65535"
+        )
+    return host, port
+
+
+@contextlib.contextmanager
+def _fresh_store_per_round() -> Iterator[None]:
+    # The agent reads it at every rendezvous and every worker start, all inside the launch.
+    before = os.environ.get(_FRESH_STORE_ENV)
+    os.environ[_FRESH_STORE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_FRESH_STORE_ENV, None)
+        else:
+            os.environ[_FRESH_STORE_ENV] = before
+
+
+def run_node_agent(
     spec: TrainSpec,
-    storage: Any,  # a CheckpointStorage block
+    storage: Any,  # a CheckpointStorage block every node reaches
     units: Sequence[GangUnit],
+    node: str,
+    rendezvous: tuple[str, int],
     *,
     staging: Path,
     inventory_url: str | None = None,
@@ -63,33 +119,60 @@ def run_gang(
     threads_per_rank: int = 1,
     run_id: str | None = None,
     record: bool = False,
-) -> dict[str, Any]:
-    """Train ``spec`` as one rank per unit; returns rank 0's result (with ``ranks``).
+    device_backend: tuple[str, str | None] | None = None,
+    local_addr: str | None = None,
+    rendezvous_id: str | None = None,
+    join_timeout_s: float = 900.0,
+) -> dict[int, dict[str, Any]]:
+    """Run ``node``'s agent of the gang ``units`` (all of the gang's, every node's, the
+    same list on every node); returns this node's ranks' results by global rank.
 
-    ``record``: each rank's result also holds its losses and checkpoint stalls (worker.py).
+    ``rendezvous``: (the first node's address, a port) every node's agent is given; the
+    agent on the first node (``units[0].node``) hosts the rendezvous store there.
+    ``staging``: this node's own folder (no rank reads another node's files: each uploads
+    its own shards, and each node fetches a checkpoint for itself, checkpoint.py).
+    ``local_addr``: the address the other nodes reach this one at (torchelastic looks up
+    this host's FQDN without it); where this node's rank 0 listens if it is the gang's.
+    ``rendezvous_id``: the same on every node (default: the job id and attempt).
+    ``record``, ``device_backend``: as for run_gang. Global ranks are what the rendezvous
+    assigns: rank 0 (on whichever node) polls control, logs MLflow, commits checkpoints.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    check_gang(spec, units)
+    per_node = check_gang(spec, units, across_nodes=True)
+    if node not in per_node:
+        raise InvalidRequestError(
+            f"job {spec.job_id!r}: node {node!r} has no unit in the gang (nodes: "
+            f"{', '.join(per_node)})"
+        )
+    host, port = _parse_rendezvous(spec.job_id, rendezvous)
     chosen = choose_backend(units, backend)
+    mine = per_node[node]
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=len(units),
-        run_id=f"{spec.job_id}-{uuid.uuid4().hex[:8]}",
+        min_nodes=len(per_node),
+        max_nodes=len(per_node),
+        nproc_per_node=len(mine),
+        run_id=rendezvous_id or f"{spec.job_id}-attempt-{attempt}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"{host}:{port}",
+        # Said, not guessed from the host name (c10d_rendezvous_backend._create_tcp_store):
+        # on one machine every agent's name matches the endpoint, and whichever came first
+        # would host it.
+        rdzv_configs={"is_host": node == units[0].node},
+        rdzv_timeout=int(join_timeout_s),
         max_restarts=max_restarts,
         start_method="spawn",
         monitor_interval=0.2,
+        local_addr=local_addr,
     )
     # Pickled to the ranks through the agent's spawn pipe: never on a command line, and a
-    # storage's SecretStr keys stay secret (not rendered as text anywhere).
+    # storage's SecretStr keys stay secret (not rendered as text anywhere). Each rank binds
+    # to this node's unit at its LOCAL_RANK.
     args = (
         spec,
         storage,
-        encode_plan(units),
+        encode_plan(mine),
         chosen,
         inventory_url,
         fencing_token,
@@ -98,15 +181,54 @@ def run_gang(
         threads_per_rank,
         run_id,
         record,
+        device_backend,
     )
+    from gpuflow.tasks.training.job import step_observers
+
+    # Whichever node rank 0 lands on relays to its own agent's observers.
+    relay = StepRelay(spec.job_id, spec.steps, step_observers) if step_observers else None
     try:
-        results = elastic_launch(config, rank_main)(*args)
+        with relay or contextlib.nullcontext(), _fresh_store_per_round():
+            results = elastic_launch(config, rank_main)(*args, relay.address if relay else None)
     except ChildFailedError as exc:
         raise GangFailedError(
-            f"job {spec.job_id!r}: the gang of {len(units)} failed after {max_restarts} "
-            f"restart(s): {exc}"
+            f"job {spec.job_id!r}: the gang of {len(units)} (node {node}: {len(mine)}) failed "
+            f"after {max_restarts} restart(s): {exc}"
         ) from exc
+    for result in results.values():
+        result["backend"] = chosen
+    return dict(results)
+
+
+def run_gang(
+    spec: TrainSpec,
+    storage: Any,  # a CheckpointStorage block
+    units: Sequence[GangUnit],
+    *,
+    staging: Path,
+    **options: Any,
+) -> dict[str, Any]:
+    """Train ``spec`` as one rank per unit of one node; returns rank 0's result (with
+    ``ranks``, every rank's, by rank). This node's agent alone (run_node_agent), its
+    rendezvous on loopback; ``options`` are run_node_agent's.
+
+    ``record``: each rank's result also holds its losses and checkpoint stalls (worker.py).
+    ``device_backend``: (hardware backend name, twin spec path) the ranks report their
+    workload through, each to its own unit (the twin turns it into utilization, power and
+    heat of that device; NVML ignores it and measures). This process's step observers
+    (a progress bar) see rank 0's steps through a StepRelay.
+    """
+    check_gang(spec, units)
+    options.setdefault("local_addr", "127.0.0.1")
+    results = run_node_agent(
+        spec,
+        storage,
+        units,
+        units[0].node,
+        ("127.0.0.1", _free_port()),
+        staging=staging,
+        **options,
+    )
     first = dict(results[0])
     first["ranks"] = [results[r] for r in sorted(results)]
-    first["backend"] = chosen
     return first

@@ -11,11 +11,9 @@ from prefect.cache_policies import NONE
 
 
 def tag_gang(run_id: str, gang: dict[str, Any]) -> None:
-    """world_size, backend and nodes as params; the units as a tag."""
-    log_params(
-        run_id,
-        {"world_size": gang["world_size"], "backend": gang["backend"], "nodes": gang["nodes"]},
-    )
+    """world_size, backend, parallel (ddp | fsdp) and nodes as params; the units as a tag."""
+    keys = ("world_size", "backend", "parallel", "nodes")
+    log_params(run_id, {key: gang[key] for key in keys})
     log_tags(run_id, {"gpuflow.resource_ids": ",".join(gang["resource_ids"])})
 
 

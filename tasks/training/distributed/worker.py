@@ -1,13 +1,16 @@
 """One rank of a gang: the process torchelastic's agent starts (``rank_main``).
 
 It binds itself to its unit (gang.py) before CUDA starts, joins the process group with
-the gang's backend, and runs the project's training loop with DataParallel. Rank 0 alone
+the gang's backend, and runs the project's training loop with the spec's parallelism unit
+(``parallel``: DataParallel for "ddp", FSDP2's ShardedParallel for "fsdp"). Rank 0 alone
 reads the control channel, acknowledges requests, reports committed checkpoints to the
-inventory and runs the step observers (a progress bar, a test's step gate); every rank
-acts on rank 0's decisions. Returns the loop's result as a dict (the agent collects one
-per rank). With ``record`` (``gpuflow bench distributed``) a rank's result also carries what
-a benchmark cannot see from outside: rank 0's per-step losses and start-up time, and every
-rank's checkpoint stalls.
+inventory, runs the step observers (a test's step gate) and relays its steps to the
+launcher's (relay.py: a progress bar); every rank reports its workload to its own unit
+(the twin's utilization, power and heat of that device) and acts on rank 0's decisions.
+Returns the loop's result as a dict (the agent collects one per rank), rank 0's under
+"rank0" in every rank's. With ``record`` (``gpuflow bench distributed``) a rank's result
+also carries what a benchmark cannot see from outside: rank 0's per-step losses and
+start-up time, and every rank's checkpoint stalls.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuflow.tasks.training.distributed.gang import bind_this_rank, decode_plan
+from gpuflow.tasks.training.distributed.gang import GangUnit, bind_this_rank, decode_plan
+from gpuflow.tasks.training.distributed.relay import relay_hook
 
 
 def rank_main(
@@ -32,6 +36,8 @@ def rank_main(
     threads: int = 1,
     run_id: str | None = None,
     record: bool = False,
+    device_backend: tuple[str, str | None] | None = None,
+    relay: Any = None,  # relay.RelayAddress of the launcher's StepRelay
 ) -> dict[str, Any]:
     units = decode_plan(plan_json)
     rank = int(os.environ["RANK"])
@@ -39,7 +45,6 @@ def rank_main(
 
     import torch  # CUDA (if any) initialises after the binding above
     import torch.distributed as dist
-    from gpuflow.tasks.training.distributed.ddp import DataParallel
     from gpuflow.tasks.training.job import step_observers
     from gpuflow.tasks.training.loop import train_loop
     from gpuflow.tasks.training.storage import open_store
@@ -50,7 +55,8 @@ def rank_main(
         backend, store=_round_store(), rank=rank, world_size=int(os.environ["WORLD_SIZE"])
     )
     try:
-        parallel = DataParallel(device, Path(staging))
+        probe = None
+        parallel = gang_parallel(spec, device, Path(staging))
         inventory = control = None
         if rank == 0 and inventory_url:
             from gpuflow.hardware.inventory import Inventory
@@ -65,7 +71,12 @@ def rank_main(
                     spec.job_id, expect_attempt=attempt, last_checkpoint_id=cid
                 )
 
-        hooks = [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in step_observers]
+        hooks = []
+        if rank == 0:
+            observers = list(step_observers)
+            hooks += [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in observers]
+            hooks += [h for h in (relay_hook(relay),) if h is not None]
+        probe = unit_probe(device_backend, unit, spec.job_id, rank)
         metrics = None
         if rank == 0 and run_id:
             from gpuflow.tasks.tracking import StepMetricsLogger
@@ -89,6 +100,7 @@ def rank_main(
             on_checkpoint=committed,
             fencing_token=fencing_token,
             parallel=parallel,
+            utilization=probe,
         )
         if metrics is not None:
             metrics.flush()
@@ -96,9 +108,58 @@ def rank_main(
         out.update(rank=rank, world_size=parallel.world_size, resource_id=unit.resource_id)
         if recorder is not None:
             out.update(recorder.figures(started))
-        return out
+        # Rank 0 lands on whichever node the rendezvous puts it: every rank carries its
+        # result ("rank0"), so each node's agent returns it (the first node's launcher
+        # records the job from it).
+        box = [out if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return {**out, "rank0": box[0]}
     finally:
+        if probe is not None:
+            probe.close()
         dist.destroy_process_group()
+
+
+def rank_owner(job_id: str, rank: int) -> str:
+    """The workload owner a rank reports as (one per rank: the twin keys tenants by it)."""
+    return f"{job_id}/rank-{rank}"
+
+
+def unit_probe(
+    device_backend: tuple[str, str | None] | None,
+    unit: GangUnit,
+    job_id: str,
+    rank: int,
+    min_interval_s: float = 0.5,
+) -> Any:
+    """This rank's DeviceUtilization on its own unit, through the hardware backend; None
+    when the launcher named none."""
+    if device_backend is None:
+        return None
+    from gpuflow.hardware.select import get_backend
+    from gpuflow.tasks.training.utilization import DeviceUtilization
+
+    name, spec_path = device_backend
+    backend = get_backend(name, spec_path=Path(spec_path) if spec_path else None)
+    return DeviceUtilization(
+        backend,
+        unit.node,
+        unit.device_index,
+        owner=rank_owner(job_id, rank),
+        partition_uuid=unit.resource_id if unit.profile else None,
+        min_interval_s=min_interval_s,
+    )
+
+
+def gang_parallel(spec: Any, device: Any, staging: Path) -> Any:
+    """This rank's parallelism unit for ``spec.parallel`` (in a joined process group)."""
+    if spec.parallel == "fsdp":
+        from gpuflow.tasks.training.distributed.fsdp import ShardedParallel
+
+        return ShardedParallel(device, staging, spec.precision)
+    from gpuflow.tasks.training.distributed.ddp import DataParallel
+
+    return DataParallel(device, staging)
 
 
 class RankRecorder:
@@ -135,17 +196,22 @@ class RankRecorder:
 
 
 def _round_store() -> Any:
-    """The rendezvous store, keyed by this round of the gang (torchelastic's restart count).
+    """The store this round of the gang's ranks meet on.
 
-    After a restart the agent's store still holds the dead round's keys (the addresses its
-    ranks listened on); without a per-round prefix the new ranks read those and try to
-    connect to processes that are gone.
+    The launcher (launch.py) has torchelastic bootstrap every round on a fresh store that
+    this round's rank 0 hosts on a fresh port (MASTER_ADDR/MASTER_PORT, set per round by
+    the node-rank-0 agent): no key of a dead round can be read, whichever node restarted.
+    Under an agent that shares its own store across rounds instead
+    (TORCHELASTIC_USE_AGENT_STORE=True, e.g. plain torchrun), the dead round's keys (the
+    addresses its ranks listened on) are still there, so the keys get a per-round prefix:
+    the agent's restart count. That count is per agent: a node whose ranks were restarted
+    because another node's failed ("membership change") does not count it, so under a
+    shared store it names the round only for a gang of one node.
     """
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -155,4 +221,7 @@ def _round_store() -> Any:
         timeout=timedelta(minutes=5),
         multi_tenant=True,
     )
+    if not agent_hosts_it:
+        return dist.PrefixStore("gpuflow", store)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"gpuflow/round-{restart}", store)

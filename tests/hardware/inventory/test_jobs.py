@@ -46,3 +46,16 @@ def test_jobs_registry(inv: Inventory, clock: ManualClock) -> None:
     with pytest.raises(InvalidRequestError, match="resource_ids"):
         inv.record_job("j3", {}, resource_ids="MIG-a")
     assert inv.job("j1").state == "running"
+
+
+def test_an_ended_job_recorded_with_another_spec_takes_it_and_counts_on(inv: Inventory) -> None:
+    inv.record_job("again", {"gpus": 2})
+    inv.place_job("again", [], attempt=1)
+    inv.transition_job("again", "running", expect_attempt=1)
+    with pytest.raises(InvalidRequestError, match="another spec .*it is running"):
+        inv.record_job("again", {"gpus": 1})
+    inv.transition_job("again", "finished", expect_attempt=1, last_checkpoint_id="ck-9")
+    job = inv.record_job("again", {"gpus": 1})  # resumed on one unit
+    assert (job.spec, job.state, job.attempt) == ({"gpus": 1}, "queued", 1)
+    assert job.last_checkpoint_id == "ck-9"
+    assert inv.place_job("again", [], attempt=2).attempt == 2  # attempts count on

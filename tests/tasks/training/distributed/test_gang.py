@@ -35,15 +35,20 @@ FOUR_GPU_NODE = {
 }
 
 
-def test_a_gang_on_twin_devices_1_and_3_binds_each_rank_to_its_own(gpuflow_home) -> None:
-    spec = gpuflow_home / "four.yaml"
+def _units_1_and_3(home) -> tuple[SimBackend, str, list[GangUnit]]:
+    """(the twin, its spec file, a gang's units on devices 1 and 3 of its 4-GPU node)."""
+    spec = home / "four.yaml"
     spec.write_text(yaml.safe_dump(FOUR_GPU_NODE))
     backend = SimBackend(spec_path=spec)
     inv = Inventory()
     inv.sync(backend)
     by_index = {d.index: d for d in inv.devices("h0")}
-    one, three = (inv.resource(by_index[i].uuid) for i in (1, 3))
-    units = [GangUnit.of(one, backend.name), GangUnit.of(three, backend.name)]
+    units = [GangUnit.of(inv.resource(by_index[i].uuid), backend.name) for i in (1, 3)]
+    return backend, str(spec), units
+
+
+def test_a_gang_on_twin_devices_1_and_3_binds_each_rank_to_its_own(gpuflow_home) -> None:
+    _, _, units = _units_1_and_3(gpuflow_home)
     assert [(u.node, u.device_index, u.vendor) for u in units] == [
         ("h0", 1, "sim"),
         ("h0", 3, "sim"),
@@ -84,3 +89,23 @@ def test_a_gang_that_cannot_split_its_batch_is_refused_before_it_starts() -> Non
         check_gang(spec, three)
     with pytest.raises(InvalidRequestError, match="span nodes"):
         check_gang(spec, [GangUnit("a", "n0", 0, "sim"), GangUnit("b", "n1", 0, "sim")])
+
+
+def test_each_rank_reports_its_workload_to_its_own_twin_device(gpuflow_home) -> None:
+    """What rank_main does with its unit: the twin's device 1 and 3 get busy, one tenant
+    per rank, and idle again once each rank ends its workload."""
+    from gpuflow.tasks.training.distributed.worker import rank_owner, unit_probe
+
+    backend, spec, units = _units_1_and_3(gpuflow_home)
+    probes = [
+        unit_probe(("sim", spec), unit, "g", rank, min_interval_s=0.0)
+        for rank, unit in enumerate(units)
+    ]
+    readings = [probe.observe_step(busy_s=0.9, wall_s=1.0) for probe in probes]
+    assert all(r is not None and r > 0.5 for r in readings), readings
+    util = {i: backend.telemetry("h0", i).utilization_ratio for i in range(4)}
+    assert util[1] > 0.5 and util[3] > 0.5 and util[0] == util[2] == 0.0, util
+    assert [backend.workload_status(rank_owner("g", r)) for r in (0, 1)] == ["running"] * 2
+    for probe in probes:
+        probe.close()
+    assert [backend.workload_status(rank_owner("g", r)) for r in (0, 1)] == ["absent"] * 2

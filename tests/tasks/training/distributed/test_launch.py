@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.tasks.training import job as training_job
 from gpuflow.tasks.training.checkpoint import LAYOUT_DCP, CheckpointManager
-from gpuflow.tasks.training.distributed.gang import GangUnit
 from gpuflow.tasks.training.distributed.launch import run_gang
 from gpuflow.tasks.training.loop import train_loop, trained_model
 from gpuflow.tasks.training.spec import TrainSpec
@@ -28,24 +28,14 @@ from gpuflow.tasks.training.storage import LocalStorage
 
 from tests.helpers.step_gate import StepGate
 from tests.tasks.remediation.helpers import wait_until
+from tests.tasks.training.distributed.gang_helpers import UNITS, gang_spec
 
 pytestmark = pytest.mark.integration
 JOB = "gang"
-UNITS = [GangUnit(f"twin-{i}", "h0", i, "sim") for i in range(3)]
 
 
 def _spec(steps: int) -> TrainSpec:
-    # Batch 6 splits into 1, 2 or 3 ranks; fp32 so resumes are exact.
-    return TrainSpec(
-        job_id=JOB,
-        model="llama-tiny",
-        steps=steps,
-        checkpoint_interval=10,
-        batch_size=6,
-        seq_len=16,
-        precision="fp32",
-        eval_batches=1,
-    )
+    return gang_spec(JOB, steps)  # batch 6 splits into 1, 2 or 3 ranks; fp32: exact resumes
 
 
 def _gang(root: Path, steps: int, ranks: int, **kw) -> dict:
@@ -120,6 +110,9 @@ def test_a_rank_killed_mid_run_restarts_the_gang_from_its_last_commit(
     gate = StepGate(tmp_path / "gate", 15, JOB, timeout_s=240)
     for key, value in gate.env().items():
         monkeypatch.setenv(key, value)  # the ranks inherit it: rank 0 holds after step 15
+    # This process's step observers (a progress bar) see rank 0's steps, every round's.
+    seen: list[int] = []
+    monkeypatch.setattr(training_job, "step_observers", [lambda j, n, info: seen.append(info.step)])
     result: dict = {}
     runner = threading.Thread(
         target=lambda: result.update(_gang(tmp_path, 20, 2, max_restarts=1)), daemon=True
@@ -135,6 +128,7 @@ def test_a_rank_killed_mid_run_restarts_the_gang_from_its_last_commit(
     runner.join(240)
     assert not runner.is_alive(), "the gang never finished"
     assert result["steps_done"] == 20 and result["resumed_from_step"] == 10
+    assert sorted(seen) == sorted([*range(1, 16), *range(11, 21)])  # two rounds of rank 0
     ref = _weights(reference, 20)
     got = _weights(tmp_path, 20)
     assert all(torch.equal(got[k], v) for k, v in ref.items()), "not bit-exact"
