@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.precision import cpu_reduced_policy
+from tests.helpers.workers import FAST_WORKERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
@@ -65,7 +66,7 @@ def _group_members(pgids: set[int]) -> list[str]:
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     home = tmp_path_factory.mktemp("plane-home")
-    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim"}
+    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **FAST_WORKERS}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
     # The tour first, with no control plane up: it records into the stores `up` serves.

@@ -10,10 +10,11 @@ this test's own), or, where namespaces cannot be made, two loopback addresses
 stands for what real hosts share (the inventory's PostgreSQL, S3 checkpoints) and holds
 the twin, a fleet of those two nodes.
 
-A training job submitted to the scheduler starts through the `train` deployment on the
-host whose node it was placed on; a health event on that node makes `remediate` (started
-by the event's trigger) move it, through a checkpoint, to the other host, where it finishes
-with no step lost. Meanwhile the GPU host's own monitor deployment runs there.
+A training job and a 2-rank gang submitted to the scheduler start through the `train`
+deployment on the host whose node each was placed on; a health event on one device of each
+makes `remediate` (started by the event's trigger) move it, through a checkpoint, to the
+other host (the gang whole, two ranks again), where it finishes with no step lost.
+Meanwhile the GPU host's own monitor deployment runs there.
 
 The job runs in a worker's flow run, another process: a file gate (tests/helpers/
 step_gate.py, through the workers' environment) holds it after step HOLD_AT until
@@ -38,6 +39,7 @@ import yaml
 
 from tests.helpers.hosts import two_hosts
 from tests.helpers.step_gate import StepGate, gates_env
+from tests.helpers.workers import FAST_WORKERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
@@ -117,7 +119,13 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
     gate = StepGate(home / "gate", HOLD_AT, JOB, timeout_s=240)
     gang_gate = StepGate(home / "gang-gate", GANG_HOLD_AT, GANG, timeout_s=240)
     gates = gates_env([gate, gang_gate])
-    env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **gates}
+    env = {
+        **os.environ,
+        "GPUFLOW_HOME": str(home),
+        "GPUFLOW_BACKEND": "sim",
+        **gates,
+        **FAST_WORKERS,
+    }
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
     reset = _run("gpuflow", "sim", "reset", "--spec", str(_twin_spec(home)), env=env)
@@ -313,9 +321,8 @@ def _mlflow_runs(box: dict, job_id: str) -> list:
     )
 
 
-def _submit_and_pass(box: dict, job_id: str, steps: int, interval: int, *options: str) -> None:
-    """`gpuflow schedule submit` the job (llama-tiny, fp32), then one pass of the
-    `schedule` deployment places it and starts it through the `train` deployment."""
+def _submit(box: dict, job_id: str, steps: int, interval: int, *options: str) -> None:
+    """`gpuflow schedule submit` the job: llama-tiny, fp32."""
     submitted = _run(
         "gpuflow",
         "schedule",
@@ -333,6 +340,11 @@ def _submit_and_pass(box: dict, job_id: str, steps: int, interval: int, *options
         env=box["client_env"],
     )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+
+
+def _one_pass(box: dict) -> None:
+    """One pass of the `schedule` deployment: it places the queued jobs and starts each
+    through the `train` deployment on its node's work queue."""
     passed = _run(
         "prefect",
         "deployment",
@@ -356,9 +368,9 @@ def _held_at_the_gate(inventory, gate: StepGate, job_id: str):
     )
 
 
-def _answer_and_finish(inventory, gate: StepGate, job_id: str, at_risk, timeout_s: float):
+def _answer(inventory, gate: StepGate, job_id: str, at_risk) -> None:
     """Once remediation asks the job (held at its gate, surely running) for a checkpoint,
-    with the device at risk cordoned first: open the gate; the finished job's record."""
+    with the device at risk cordoned first: open the gate."""
     _wait(
         f"remediation to ask {job_id} for a checkpoint",
         lambda: any(r.status == "pending" for r in inventory.control_requests(job_id)),
@@ -370,6 +382,10 @@ def _answer_and_finish(inventory, gate: StepGate, job_id: str, at_risk, timeout_
     )
     assert inventory.job(job_id).state == "running"
     gate.open()
+
+
+def _finished(inventory, job_id: str, timeout_s: float):
+    """The job's record once it finished."""
     return _wait(
         f"{job_id} to finish",
         lambda: (j := inventory.job(job_id)).state == "finished" and j,
@@ -417,7 +433,14 @@ def _start_gpu_host_monitor(api: str):
 
 
 @pytest.mark.timeout(900)
-def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatch) -> None:
+def test_a_job_and_a_gang_run_where_placed_and_move_to_the_other_host(
+    box: dict, monkeypatch
+) -> None:
+    """A one-unit job (the host's A100) and a 2-rank gang (two V100s of one host), placed
+    by one pass and started on the workers of their nodes. A health event on each (the
+    gang's on rank 1's device, not rank 0's): `remediate`, started by the events' trigger,
+    stops each at a checkpoint and relaunches it on the other host, the gang whole, two
+    ranks again; each resumes at the step it stopped at and finishes."""
     _in_box(box, monkeypatch)
     from gpuflow.hardware.inventory import Inventory
     from prefect.client.orchestration import get_client
@@ -437,43 +460,43 @@ def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatc
                 client.update_deployment_schedule(dep.id, sched.id, active=False)
     watch = _start_gpu_host_monitor(api)  # checked at the end: it runs meanwhile
 
-    _submit_and_pass(box, JOB, STEPS, INTERVAL, "--sku", "a100-40gb")
+    _submit(box, JOB, STEPS, INTERVAL, "--sku", "a100-40gb")
+    # Two ranks (one per V100), each with its half of a global batch of 2.
+    _submit(
+        box, GANG, GANG_STEPS, GANG_INTERVAL, "--count", "2", "--sku", "v100", "--batch-size", "2"
+    )
+    _one_pass(box)
 
     inventory = Inventory()
     job = _held_at_the_gate(inventory, box["gate"], JOB)
+    gang = _held_at_the_gate(inventory, box["gang_gate"], GANG)
     placed = inventory.resource(job.resource_ids[0])
-    other = GPU_NODE if placed.node == CONTROL_NODE else CONTROL_NODE
-
+    units = [inventory.resource(r) for r in gang.resource_ids]
+    assert len(units) == 2 and len({u.node for u in units}) == 1
+    at_risk = units[1]  # not rank 0's device: the whole gang moves all the same
     _emit_health_risk(box, placed)
+    _emit_health_risk(box, at_risk)
+    _answer(inventory, box["gate"], JOB, placed)
+    _answer(inventory, box["gang_gate"], GANG, at_risk)
+    done = _finished(inventory, JOB, 600)
+    gang_done = _finished(inventory, GANG, 420)
 
-    done = _answer_and_finish(inventory, box["gate"], JOB, placed, 600)
-
-    runs = _completed_train_runs(api, JOB)
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         remediations = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=["remediate"]))
         )
-    assert [r.work_queue_name for r in runs] == [f"node-{placed.node}", f"node-{other}"]
-    assert len(runs) == 2
-    assert remediations and remediations[0].state_name == "Completed"
-    # Each run on the worker of the host that owns its node.
-    assert [_flow_run_logged_by(box, str(r.id)) for r in runs] == [
-        [f"worker-{placed.node}"],
-        [f"worker-{other}"],
-    ]
-
-    mruns = _mlflow_runs(box, JOB)
-    assert [r.data.tags["gpuflow.node"] for r in mruns] == [placed.node, other]
-    acked = [r for r in inventory.control_requests(JOB) if r.checkpoint_id]
-    assert acked, "the job never acknowledged a checkpoint request"
-    stopped_at = int(acked[0].checkpoint_id.split("-")[1])
-    assert stopped_at == HOLD_AT  # it answered right where it was held
-    first, second = mruns
-    assert first.data.metrics["steps_done"] == stopped_at  # it stopped at its checkpoint
-    assert second.data.metrics["resumed_from_step"] == stopped_at  # zero steps lost
-    assert second.data.metrics["steps_done"] == STEPS and done.last_checkpoint_id.endswith(
-        str(STEPS)
+    assert len(remediations) == 2 and {r.state_name for r in remediations} == {"Completed"}
+    _moved_with_no_step_lost(box, inventory, JOB, placed.node, HOLD_AT, STEPS, done)
+    first, second = _moved_with_no_step_lost(
+        box, inventory, GANG, at_risk.node, GANG_HOLD_AT, GANG_STEPS, gang_done
     )
+    other = _other(at_risk.node)
+    moved_to = second.data.tags["gpuflow.resource_ids"].split(",")
+    assert first.data.tags["gpuflow.resource_ids"].split(",") == [u.resource_id for u in units]
+    assert len(moved_to) == 2 and {inventory.resource(r).node for r in moved_to} == {other}
+    for run in (first, second):
+        assert run.data.params["world_size"] == "2" and run.data.params["backend"] == "gloo"
+    assert list(gang_done.resource_ids) == moved_to and inventory.leases(owner=GANG) == []
 
     # The GPU host's monitor ran on its worker and watched its node only.
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
@@ -492,48 +515,31 @@ def test_job_runs_where_placed_and_moves_to_the_other_host(box: dict, monkeypatc
     assert [row["device"] for row in rows] == [f"{GPU_NODE}:{i}" for i in range(3)]
 
 
-@pytest.mark.timeout(600)
-def test_a_gang_at_risk_moves_whole_to_the_other_host_with_no_step_lost(
-    box: dict, monkeypatch
-) -> None:
-    """A health event on one device of a running 2-rank gang (rank 1's): `remediate`
-    stops the whole gang at a checkpoint and relaunches it, two ranks again, on two V100s
-    of the other host; it resumes at the step it stopped at and finishes."""
-    _in_box(box, monkeypatch)
-    from gpuflow.hardware.inventory import Inventory
+def _other(node: str) -> str:
+    return GPU_NODE if node == CONTROL_NODE else CONTROL_NODE
 
-    api = box["client_env"]["PREFECT_API_URL"]
-    # Two ranks (one per V100), each with its half of a global batch of 2.
-    gang = ("--count", "2", "--sku", "v100", "--batch-size", "2")
-    _submit_and_pass(box, GANG, GANG_STEPS, GANG_INTERVAL, *gang)
-    inventory = Inventory()
-    job = _held_at_the_gate(inventory, box["gang_gate"], GANG)
-    units = [inventory.resource(r) for r in job.resource_ids]
-    assert len(units) == 2 and len({u.node for u in units}) == 1
-    at_risk = units[1]  # not rank 0's device: the whole gang moves all the same
-    other = GPU_NODE if at_risk.node == CONTROL_NODE else CONTROL_NODE
-    _emit_health_risk(box, at_risk)
 
-    done = _answer_and_finish(inventory, box["gang_gate"], GANG, at_risk, 420)
-
-    runs = _completed_train_runs(api, GANG)
-    assert [r.work_queue_name for r in runs] == [f"node-{at_risk.node}", f"node-{other}"]
+def _moved_with_no_step_lost(
+    box: dict, inventory, job_id: str, node: str, hold_at: int, steps: int, done
+) -> tuple:
+    """The job's two train runs: the first on ``node``'s worker, stopped where it was held
+    (its checkpoint), the second on the other host's worker, resumed there, finished.
+    Returns their MLflow runs."""
+    other = _other(node)
+    runs = _completed_train_runs(box["client_env"]["PREFECT_API_URL"], job_id)
+    assert [r.work_queue_name for r in runs] == [f"node-{node}", f"node-{other}"]
     assert [_flow_run_logged_by(box, str(r.id)) for r in runs] == [
-        [f"worker-{at_risk.node}"],
+        [f"worker-{node}"],
         [f"worker-{other}"],
     ]
-    first, second = _mlflow_runs(box, GANG)
-    moved_to = second.data.tags["gpuflow.resource_ids"].split(",")
-    assert first.data.tags["gpuflow.resource_ids"].split(",") == [u.resource_id for u in units]
-    assert len(moved_to) == 2 and {inventory.resource(r).node for r in moved_to} == {other}
-    for run in (first, second):
-        assert run.data.params["world_size"] == "2" and run.data.params["backend"] == "gloo"
-
-    (acked,) = [r for r in inventory.control_requests(GANG) if r.checkpoint_id]
-    stopped_at = int(acked.checkpoint_id.split("-")[1])
-    assert stopped_at == GANG_HOLD_AT  # the gang answered right where it was held
-    assert first.data.metrics["steps_done"] == stopped_at
+    first, second = _mlflow_runs(box, job_id)
+    assert [r.data.tags["gpuflow.node"] for r in (first, second)] == [node, other]
+    acked = [r for r in inventory.control_requests(job_id) if r.checkpoint_id]
+    assert acked, f"{job_id} never acknowledged a checkpoint request"
+    stopped_at = int(acked[0].checkpoint_id.split("-")[1])
+    assert stopped_at == hold_at  # it answered right where it was held
+    assert first.data.metrics["steps_done"] == stopped_at  # it stopped at its checkpoint
     assert second.data.metrics["resumed_from_step"] == stopped_at  # zero steps lost
-    assert second.data.metrics["steps_done"] == GANG_STEPS
-    assert done.last_checkpoint_id.endswith(str(GANG_STEPS)) and list(done.resource_ids) == moved_to
-    assert inventory.leases(owner=GANG) == []
+    assert second.data.metrics["steps_done"] == steps
+    assert done.last_checkpoint_id.endswith(str(steps))
+    return first, second
