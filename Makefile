@@ -37,7 +37,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m tests.helpers.postgres install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

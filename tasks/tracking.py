@@ -54,7 +54,16 @@ def use_experiment(name: str) -> str:
     artifacts = None
     if uri.startswith("sqlite:"):
         artifacts = (gpuflow_home() / "mlflow" / "artifacts").as_uri()
-    return client.create_experiment(name, artifact_location=artifacts)
+    try:
+        return client.create_experiment(name, artifact_location=artifacts)
+    except MlflowException as exc:
+        # Two runs starting at once on a fresh store (two jobs one pass placed) both find
+        # no experiment; the one that creates it second gets RESOURCE_ALREADY_EXISTS and
+        # uses the one the first made.
+        exp = client.get_experiment_by_name(name)
+        if exp is None or exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return exp.experiment_id
 
 
 def tracking_client() -> MlflowClient:

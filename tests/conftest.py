@@ -171,8 +171,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files that start real servers first, the slow ones of them first of all: they
-    are the longest, and xdist hands files out in this order, so both workers end together instead of one waiting for the
-    other's last long file (the same order in every worker: a stable sort)."""
+    are the longest, and xdist hands files out in this order (`make test` passes
+    --no-loadscope-reorder: by default xdist sorts files by their number of tests, which
+    sent the two slowest files, of two and five tests, to the end), so the two slowest
+    start at once on the two workers and both end together (the same order in every
+    worker: a stable sort)."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("integration") is None,

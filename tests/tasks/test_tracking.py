@@ -195,3 +195,24 @@ def test_default_store_and_artifacts_are_under_gpuflow_home(gpuflow_home: Path) 
     assert tracking.tracking_uri() == f"sqlite:///{gpuflow_home / 'mlflow' / 'mlflow.db'}"
     assert (gpuflow_home / "mlflow" / "mlflow.db").is_file()
     assert list((gpuflow_home / "mlflow" / "artifacts").rglob("x.txt"))
+
+
+def test_two_runs_creating_one_experiment_at_once_both_get_it(
+    experiment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the two-hosts test: two train runs starting at once on a fresh store both
+    found no experiment; the second's create failed with RESOURCE_ALREADY_EXISTS and its
+    run failed. Here the other run creates it between this one's look-up and create."""
+    from mlflow.tracking import MlflowClient
+
+    theirs = tracking_client().create_experiment(experiment)
+    real = MlflowClient.get_experiment_by_name
+    looked = []
+
+    def not_yet_then_real(self, name):
+        looked.append(name)
+        return None if len(looked) == 1 else real(self, name)
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", not_yet_then_real)
+    assert tracking.use_experiment(experiment) == theirs
+    assert looked == [experiment, experiment]
