@@ -97,16 +97,16 @@ class _StepProgress:
         )
 
     def __enter__(self) -> _StepProgress:
-        from gpuflow.tasks.training import job
+        from gpuflow.tasks.training import control
 
         self.progress.start()
-        job.step_observers.append(self)
+        control.step_observers.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from gpuflow.tasks.training import job
+        from gpuflow.tasks.training import control
 
-        job.step_observers.remove(self)
+        control.step_observers.remove(self)
         self.progress.stop()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def compare(steps: int) -> dict[str, Any]:
+def compare(steps: int, batch_size: int = 16) -> dict[str, Any]:
     """fp32 vs auto on an A100 of the twin; the flow's result (rows, MLflow parent run)."""
     from gpuflow.blocks.checkpoint_storage import CheckpointStorage
     from gpuflow.flows.compare_precision import compare_precision
@@ -14,7 +14,13 @@ def compare(steps: int) -> dict[str, Any]:
     from gpuflow.tasks.training.spec import TrainSpec
 
     # The byte-level LM of DESIGN.md section 5, kept short for the tour.
-    spec = TrainSpec(job_id="tour-compare", model="byte-lm", steps=steps, checkpoint_interval=steps)
+    spec = TrainSpec(
+        job_id="tour-compare",
+        model="byte-lm",
+        steps=steps,
+        batch_size=batch_size,
+        checkpoint_interval=steps,
+    )
     return compare_precision(
         spec,
         candidates=["auto"],

@@ -27,10 +27,9 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.training.hashing import HashingWriter, hash_pool, sha256_of
 from gpuflow.tasks.training.storage import (
     CheckpointStore,
@@ -39,6 +38,9 @@ from gpuflow.tasks.training.storage import (
     open_store,
 )
 from torch.utils.serialization import config as torch_serialization_config
+
+if TYPE_CHECKING:
+    from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
 from gpuflow.hardware.inventory import JobState, LeaseLostError
 from gpuflow.hardware.inventory.keeper import LeaseKeeper
+from gpuflow.tasks.training import control
 from gpuflow.tasks.training.binding import (
     Binding,
     DeviceRequest,
@@ -27,8 +28,8 @@ from gpuflow.tasks.training.binding import (
     lease_device,
 )
 from gpuflow.tasks.training.checkpoint import LAYOUT_DCP, LAYOUT_TORCH, checkpoint_manager
+from gpuflow.tasks.training.control import FencedControl
 from gpuflow.tasks.training.loop import (
-    CHECKPOINT_AND_STOP,
     StepInfo,
     TrainResult,
     build_workload,
@@ -45,11 +46,6 @@ log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 300.0
 EXPERIMENT = "gpuflow-train"
-
-# Observers in this process that see every step of every job it trains (the CLI's Rich
-# progress bar). Flows run in the caller's process when called directly, so a CLI can
-# watch a flow it starts without the flow knowing about terminals.
-step_observers: list[Callable[[str, int, StepInfo], None]] = []
 
 
 def preflight(
@@ -121,36 +117,6 @@ def release(cluster: GpuCluster, binding: Binding, job_id: str) -> None:
     cluster.get_backend().end_workload(job_id)
 
 
-class FencedControl:
-    """The control channel as one attempt sees it: a checkpoint-and-stop moves the job to
-    "checkpointing" (compare-and-swap on the attempt), and nothing is answered once the
-    attempt's lease is lost."""
-
-    def __init__(
-        self, inventory: Any, job_id: str, attempt: int, keeper: LeaseKeeper | None
-    ) -> None:
-        # keeper None: a gang's rank 0, whose leases its launcher keeps (the fencing token
-        # in every checkpoint still refuses a stale attempt's writes).
-        self.inventory, self.job_id, self.attempt, self.keeper = inventory, job_id, attempt, keeper
-
-    def _check(self) -> None:
-        if self.keeper is not None:
-            self.keeper.check()
-
-    def poll_control(self, job_id: str) -> Any | None:
-        self._check()
-        request = self.inventory.poll_control(job_id)
-        if request is not None and request.action == CHECKPOINT_AND_STOP:
-            self.inventory.transition_job(
-                job_id, JobState.CHECKPOINTING, expect_attempt=self.attempt
-            )
-        return request
-
-    def ack_control(self, request_id: Any, checkpoint_id: str) -> Any:
-        self._check()
-        return self.inventory.ack_control(request_id, checkpoint_id)
-
-
 def run_training(
     spec: TrainSpec,
     storage: CheckpointStorage,
@@ -178,7 +144,9 @@ def run_training(
         partition_uuid=res.resource_id if res.profile else None,
     )
     hooks: list[Callable[[StepInfo], None]] = list(extra_hooks)
-    hooks += [lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in step_observers]
+    hooks += [
+        lambda info, obs=obs: obs(spec.job_id, spec.steps, info) for obs in control.step_observers
+    ]
     metrics = StepMetricsLogger(run_id) if run_id else None
     if metrics:
 

@@ -17,10 +17,12 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
-from gpuflow.blocks.checkpoint_storage import S3_MIN_PART_MB, CheckpointStorage
 from pydantic import SecretStr
+
+if TYPE_CHECKING:
+    from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 
 _TEMP_MARK = ".tmp-"
 _COPY_CHUNK_BYTES = 8 << 20
@@ -215,6 +217,8 @@ class S3Storage:
     ) -> None:
         if not bucket or not isinstance(bucket, str):
             raise ValueError("S3Storage needs a bucket name")
+        from gpuflow.blocks.checkpoint_storage import S3_MIN_PART_MB
+
         if multipart_threshold_mb < S3_MIN_PART_MB or multipart_chunk_mb < S3_MIN_PART_MB:
             raise ValueError(
                 f"multipart_threshold_mb ({multipart_threshold_mb}) and multipart_chunk_mb "
@@ -225,10 +229,6 @@ class S3Storage:
         if isinstance(secret_access_key, str):
             secret_access_key = SecretStr(secret_access_key)
 
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-        from botocore.config import Config
-
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.endpoint_url = endpoint_url
@@ -237,28 +237,43 @@ class S3Storage:
         self._secret = secret_access_key
         self.multipart_threshold_mb = multipart_threshold_mb
         self.multipart_chunk_mb = multipart_chunk_mb
+        self._connect()
+        if verify:
+            self.check()
+
+    def _connect(self) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
         self._transfer = TransferConfig(
-            multipart_threshold=multipart_threshold_mb << 20,
-            multipart_chunksize=multipart_chunk_mb << 20,
+            multipart_threshold=self.multipart_threshold_mb << 20,
+            multipart_chunksize=self.multipart_chunk_mb << 20,
         )
         config = Config(
             retries={"max_attempts": 5, "mode": "standard"},
             # Path-style addressing works on every S3-compatible server; virtual hosts
             # need DNS that custom endpoints rarely have.
-            s3={"addressing_style": "path"} if endpoint_url else {},
+            s3={"addressing_style": "path"} if self.endpoint_url else {},
         )
         self._client = boto3.session.Session().client(
             "s3",
-            endpoint_url=endpoint_url,
-            region_name=region_name,
-            aws_access_key_id=access_key_id,
-            aws_secret_access_key=secret_access_key.get_secret_value()
-            if secret_access_key
-            else None,
+            endpoint_url=self.endpoint_url,
+            region_name=self.region_name,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self._secret.get_secret_value() if self._secret else None,
             config=config,
         )
-        if verify:
-            self.check()
+
+    # Pickled to a gang's ranks (through the agent's spawn pipe, never a command line): the
+    # settings travel, the secret as a SecretStr, and each process opens its own client
+    # (boto3 clients cannot be pickled); checked already, so not again.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transfer")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._connect()
 
     def __repr__(self) -> str:
         return (

@@ -293,6 +293,7 @@ def test_train_flow_failure_hook_takes_the_reactive_path(
     this test server lacks, so the job waits: nothing lost, operators told."""
     from gpuflow.flows.remediate import remediate_on_train_failure
     from gpuflow.flows.train import train
+    from gpuflow.tasks.training import control
     from gpuflow.tasks.training import job as job_module
 
     monkeypatch.setattr(job_module.train_loop_task, "retries", 0)
@@ -302,7 +303,7 @@ def test_train_flow_failure_hook_takes_the_reactive_path(
     # gone; it never gets near its last step: the crash ends it.
     spec = small_spec("rm-train-flow", steps=3000, interval=20)
     gate = gates(45, spec.job_id)
-    job_module.step_observers.append(gate.observer)
+    control.step_observers.append(gate.observer)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -326,7 +327,7 @@ def test_train_flow_failure_hook_takes_the_reactive_path(
         gate.open()
         thread.join(120)
     finally:
-        job_module.step_observers.remove(gate.observer)
+        control.step_observers.remove(gate.observer)
     assert errors and "fell off the bus" in str(errors[0])
     inv = Inventory()
     record = inv.job(spec.job_id)

@@ -17,7 +17,7 @@ from gpuflow.hardware.inventory import Inventory
 from gpuflow.tasks.scheduling.model import JobRequest
 from gpuflow.tasks.scheduling.runner import run_scheduled_job
 from gpuflow.tasks.scheduling.service import SchedulerService, checkpoint_step
-from gpuflow.tasks.training import job as training_job
+from gpuflow.tasks.training import control as training_control
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def test_preempted_training_resumes_from_its_checkpoint_with_no_steps_lost(tmp_p
             time.sleep(0.05)
         hold["on"] = False
 
-    training_job.step_observers.append(pace)
+    training_control.step_observers.append(pace)
     first: dict = {}
     victim = threading.Thread(
         target=lambda: first.update(run_scheduled_job(cluster, storage, "low"))
@@ -78,7 +78,7 @@ def test_preempted_training_resumes_from_its_checkpoint_with_no_steps_lost(tmp_p
         )
         victim.join(120)
     finally:
-        training_job.step_observers.remove(pace)
+        training_control.step_observers.remove(pace)
     assert not victim.is_alive()
 
     # The victim acknowledged with a checkpoint and stopped there.

@@ -9,7 +9,7 @@ from gpuflow.flows.compare_precision import compare_precision
 from gpuflow.flows.train import train
 from gpuflow.hardware.inventory import Inventory
 from gpuflow.tasks.tracking import tracking_uri
-from gpuflow.tasks.training import job
+from gpuflow.tasks.training import control, job
 from gpuflow.tasks.training.binding import DeviceRequest
 from gpuflow.tasks.training.checkpoint import CheckpointManager, ModelMismatchError
 from gpuflow.tasks.training.precision import PrecisionError
@@ -65,13 +65,13 @@ def test_task_retry_resumes_from_checkpoint_not_zero(tmp_path) -> None:
             failures.append(info.step)
             raise RuntimeError("simulated crash at step 25")
 
-    job.step_observers.append(crash_once)
+    control.step_observers.append(crash_once)
     try:
         out = train(
             _spec("flow-retry"), storage=CheckpointStorage(path=str(tmp_path)), log_model=False
         )
     finally:
-        job.step_observers.remove(crash_once)
+        control.step_observers.remove(crash_once)
     assert failures == [25]
     assert out["resumed_from_step"] == 20  # the retry picked up the step-20 checkpoint
     assert out["steps_done"] == 30

@@ -12,6 +12,7 @@ from gpuflow.tour import TourSize
 def test_quick_is_smaller_in_every_step() -> None:
     full, quick = TourSize(), TourSize.quick()
     assert quick.compare_steps < full.compare_steps
+    assert quick.compare_batch_size < full.compare_batch_size
     assert quick.remediation_steps < full.remediation_steps
     assert quick.edge_requests < full.edge_requests
 
@@ -20,6 +21,7 @@ def test_quick_is_smaller_in_every_step() -> None:
     ("field", "value"),
     [
         ("compare_steps", 0),
+        ("compare_batch_size", 0),
         ("remediation_steps", 5),
         ("edge_requests", True),
         ("compare_steps", 2.5),

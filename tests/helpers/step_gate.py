@@ -3,7 +3,7 @@ opens the gate, so it is surely still running when the test acts (injects a faul
 triggers remediation). No step counts tuned to outrun the clock, no sleeps.
 
 A job in this process takes the gate as a step hook (``InProcessRunner.start(step_hooks=
-(gate.hook,))``) or as a training step observer (``tasks.training.job.step_observers``).
+(gate.hook,))``) or as a training step observer (``tasks.training.control.step_observers``).
 A job in another process (a Prefect worker's flow run) gets it through the environment:
 ``gate.env()`` names the gate and puts ``gate_site/`` on PYTHONPATH, whose
 ``sitecustomize`` adds the gate to that process's step observers. The gate's state is two
@@ -106,7 +106,7 @@ class StepGate:
             time.sleep(_POLL_S)
 
     def observer(self, job_id: str, total: int, info: Any) -> None:
-        """The same, as a ``tasks.training.job.step_observers`` entry (every job of the
+        """The same, as a ``tasks.training.control.step_observers`` entry (every job of the
         process passes by; only ``job_id``'s is held)."""
         if self.job_id is None or job_id == self.job_id:
             self.hook(info)

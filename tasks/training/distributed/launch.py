@@ -31,6 +31,7 @@ from gpuflow.tasks.training.distributed.gang import (
 from gpuflow.tasks.training.distributed.relay import StepRelay
 from gpuflow.tasks.training.distributed.worker import rank_main
 from gpuflow.tasks.training.spec import TrainSpec
+from gpuflow.tasks.training.storage import open_store
 
 # torchelastic's switch (dynamic_rendezvous.py, ``use_agent_store``): with it, every round
 # bootstraps the ranks on a fresh store hosted by that round's rank 0 on a fresh port,
@@ -167,11 +168,12 @@ def run_node_agent(
         local_addr=local_addr,
     )
     # Pickled to the ranks through the agent's spawn pipe: never on a command line, and a
-    # storage's SecretStr keys stay secret (not rendered as text anywhere). Each rank binds
-    # to this node's unit at its LOCAL_RANK.
+    # storage's SecretStr keys stay secret (not rendered as text anywhere). The store, not
+    # the block: opened (and an S3 bucket checked) once here, and a rank need not import
+    # Prefect to read it. Each rank binds to this node's unit at its LOCAL_RANK.
     args = (
         spec,
-        storage,
+        open_store(storage),
         encode_plan(mine),
         chosen,
         inventory_url,
@@ -183,7 +185,7 @@ def run_node_agent(
         record,
         device_backend,
     )
-    from gpuflow.tasks.training.job import step_observers
+    from gpuflow.tasks.training.control import step_observers
 
     # Whichever node rank 0 lands on relays to its own agent's observers.
     relay = StepRelay(spec.job_id, spec.steps, step_observers) if step_observers else None

@@ -1,6 +1,6 @@
 """Rank 0's steps, back in the process that launched the gang.
 
-The launching process's step observers (tasks.training.job.step_observers: the CLI's
+The launching process's step observers (tasks.training.control.step_observers: the CLI's
 progress bar, a test's step gate) never see a gang's steps: those run in the rank
 processes torchelastic's agent spawned. A ``StepRelay`` listens on loopback
 (multiprocessing.connection, with a random key that travels to the ranks through the

@@ -26,7 +26,7 @@ from gpuflow.tasks.training.distributed.relay import relay_hook
 
 def rank_main(
     spec: Any,  # TrainSpec
-    storage: Any,  # CheckpointStorage
+    store: Any,  # CheckpointStore (storage.py): what the launcher opened, pickled
     plan_json: str,
     backend: str,
     inventory_url: str | None,
@@ -45,9 +45,8 @@ def rank_main(
 
     import torch  # CUDA (if any) initialises after the binding above
     import torch.distributed as dist
-    from gpuflow.tasks.training.job import step_observers
+    from gpuflow.tasks.training.control import step_observers
     from gpuflow.tasks.training.loop import train_loop
-    from gpuflow.tasks.training.storage import open_store
 
     torch.set_num_threads(threads)
     device = torch.device("cpu") if unit.vendor == "sim" else torch.device("cuda", 0)
@@ -60,7 +59,7 @@ def rank_main(
         inventory = control = None
         if rank == 0 and inventory_url:
             from gpuflow.hardware.inventory import Inventory
-            from gpuflow.tasks.training.job import FencedControl
+            from gpuflow.tasks.training.control import FencedControl
 
             inventory = Inventory(inventory_url)
             control = FencedControl(inventory, spec.job_id, attempt, None)
@@ -93,7 +92,7 @@ def rank_main(
         started = time.perf_counter()
         result = train_loop(
             spec,
-            open_store(storage),
+            store,
             device=device,
             control=control,
             hooks=hooks,

@@ -2,7 +2,7 @@
 
 Python imports ``sitecustomize`` at start from PYTHONPATH; ``StepGate.env()`` puts this
 folder there only for processes a test starts (a control plane's workers and their flow
-runs). With the gate's variable set, the gate joins ``tasks.training.job.step_observers``
+runs). With the gate's variable set, the gate joins ``tasks.training.control.step_observers``
 when that module is first imported; without it this file does nothing.
 """
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_TARGET = "gpuflow.tasks.training.job"
+_TARGET = "gpuflow.tasks.training.control"
 _GATE_FILE = Path(__file__).resolve().parents[1] / "step_gate.py"
 
 
@@ -29,7 +29,7 @@ def _gate_observers() -> list[Any]:
 
 
 class _AddGateOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: it wraps the real loader of the training job module so the
+    """Finds nothing itself: it wraps the real loader of the training control module so the
     gate is added right after that module runs."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import boto3
@@ -213,3 +214,21 @@ def test_s3_secret_not_in_repr() -> None:
     )
     assert "s3cr3t-v4lue" not in repr(store)
     assert "AKIA1" in repr(store)
+
+
+def test_s3_a_pickled_store_reaches_the_same_bucket_with_its_settings(
+    s3_bucket: S3Storage,
+) -> None:
+    # A gang's ranks get the store through the agent's spawn pipe (pickled): each opens its
+    # own client, with the same bucket, prefix and part sizes.
+    s3_bucket.put_bytes("job/pickled.pt", b"before")
+    copy = pickle.loads(pickle.dumps(s3_bucket))
+    assert copy.get_bytes("job/pickled.pt") == b"before"
+    copy.put_bytes("job/pickled.pt", b"after")
+    assert s3_bucket.get_bytes("job/pickled.pt") == b"after"
+    assert (copy.prefix, copy.multipart_chunk_mb, copy.multipart_threshold_mb) == (
+        s3_bucket.prefix,
+        s3_bucket.multipart_chunk_mb,
+        s3_bucket.multipart_threshold_mb,
+    )
+    assert copy._client is not s3_bucket._client

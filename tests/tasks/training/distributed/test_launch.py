@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
-from gpuflow.tasks.training import job as training_job
+from gpuflow.tasks.training import control as training_control
 from gpuflow.tasks.training.checkpoint import LAYOUT_DCP, CheckpointManager
 from gpuflow.tasks.training.distributed.launch import run_gang
 from gpuflow.tasks.training.loop import train_loop, trained_model
@@ -112,7 +112,9 @@ def test_a_rank_killed_mid_run_restarts_the_gang_from_its_last_commit(
         monkeypatch.setenv(key, value)  # the ranks inherit it: rank 0 holds after step 15
     # This process's step observers (a progress bar) see rank 0's steps, every round's.
     seen: list[int] = []
-    monkeypatch.setattr(training_job, "step_observers", [lambda j, n, info: seen.append(info.step)])
+    monkeypatch.setattr(
+        training_control, "step_observers", [lambda j, n, info: seen.append(info.step)]
+    )
     result: dict = {}
     runner = threading.Thread(
         target=lambda: result.update(_gang(tmp_path, 20, 2, max_restarts=1)), daemon=True
