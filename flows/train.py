@@ -104,16 +104,24 @@ def _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s
 
 
 def _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_s):
-    # N units of one SKU on one node, all or none; one rank each (torchelastic's agent).
+    # N units of one SKU, all or none (on one node, or spec.nodes nodes); one rank each,
+    # one torchelastic agent per node.
     bindings = gang_placement_task(
-        cluster, device, spec.job_id, spec.gpus, priority=priority, preempt=preempt, wait_s=wait_s
+        cluster,
+        device,
+        spec.job_id,
+        spec.gpus,
+        priority=priority,
+        preempt=preempt,
+        wait_s=wait_s,
+        nodes=spec.nodes,
     )
     _remember(cluster, spec, storage, device, run_id)
     tag_placement_task(run_id, bindings[0])
     ok, stopped = False, False
     try:
-        for binding in bindings:
-            check_owned_node(cluster.get_inventory(), binding, spec.job_id)
+        # This run hosts rank 0's node; the other nodes' agents start on their own.
+        check_owned_node(cluster.get_inventory(), bindings[0], spec.job_id)
         result, gang = train_gang_task(spec, storage, cluster, bindings, run_id)
         tag_gang_task(run_id, gang)
         ok, stopped = True, result.stopped_by_request

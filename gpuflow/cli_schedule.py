@@ -68,6 +68,10 @@ def submit(
     ],
     count: Annotated[int, typer.Option(help="Units wanted (the minimum for an elastic job).")] = 1,
     max_count: Annotated[int | None, typer.Option(help="Elastic: grow up to this many.")] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(help="Spread over exactly this many nodes, --count / --nodes on each."),
+    ] = None,
     profile: Annotated[
         str | None, typer.Option(help="MIG profile (3g.20gb) or 'vdcu'; none: whole devices.")
     ] = None,
@@ -109,6 +113,7 @@ def submit(
         job_id=job_id,
         count=count,
         max_count=max_count,
+        nodes=nodes,
         profile=profile,
         compute_units=compute_units,
         memory_mb=memory_mb,
@@ -131,7 +136,8 @@ def submit(
             checkpoint_interval=checkpoint_interval,
             precision=precision,
         )
-        train = spec.model_dump(exclude={"job_id", "gpus"})  # gpus: the placement's size
+        # gpus, nodes: the placement's (its size, the nodes it spans).
+        train = spec.model_dump(exclude={"job_id", "gpus", "nodes"})
     service = _service(queue_depth=queue_depth)
     service.submit(request, train=train)
     view = next(v for v in service.jobs() if v.job_id == job_id)

@@ -152,10 +152,17 @@ def train_cmd(
     gpus: Annotated[
         int,
         typer.Option(
-            help="Units to train on as one gang: N ranks on torch.distributed (--parallel), "
-            "one node."
+            help="Units to train on as one gang: N ranks on torch.distributed (--parallel); "
+            "on one node unless --nodes says more."
         ),
     ] = 1,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            help="Nodes the gang spans, --gpus / --nodes units on each (one elastic agent "
+            "per node); default: one node when the gang fits on one."
+        ),
+    ] = None,
     max_restarts: Annotated[
         int, typer.Option(help="A gang's restarts from its last checkpoint after a rank dies.")
     ] = 1,
@@ -180,6 +187,7 @@ def train_cmd(
         checkpoint_interval=checkpoint_interval,
         seed=seed,
         gpus=gpus,
+        nodes=nodes,
         max_restarts=max_restarts,
         parallel=parallel,
     )

@@ -347,14 +347,10 @@ def up(
             plane.prefect_api_url,
             base_env,
         )
-        proc = launch("prefect-server", argv, env, plane.prefect_ui_url)
-        wait_http(
-            f"{plane.prefect_api_url}/health",
-            SERVER_START_TIMEOUT_S,
-            proc,
-            launch.logs / "prefect-server.log",
-        )
+        prefect_proc = launch("prefect-server", argv, env, plane.prefect_ui_url)
 
+        # Started beside Prefect's (each spends most of its start-up migrating its own
+        # database), then waited for together.
         report("starting MLflow tracking server")
         # Local artifacts on a loopback plane: experiments the server creates get the plain
         # folder as their root, as those tasks/tracking.py creates without a server do, so a
@@ -372,13 +368,12 @@ def up(
             local_root,
             base_env,
         )
-        proc = launch("mlflow-server", argv, env, plane.mlflow_url)
-        wait_http(
-            f"{plane.mlflow_url}/health",
-            SERVER_START_TIMEOUT_S,
-            proc,
-            launch.logs / "mlflow-server.log",
-        )
+        mlflow_proc = launch("mlflow-server", argv, env, plane.mlflow_url)
+        for url, proc, name in (
+            (plane.prefect_api_url, prefect_proc, "prefect-server"),
+            (plane.mlflow_url, mlflow_proc, "mlflow-server"),
+        ):
+            wait_http(f"{url}/health", SERVER_START_TIMEOUT_S, proc, launch.logs / f"{name}.log")
 
         report(f"creating work pool {POOL}, registering and saving Blocks")
         setup = [python, "-m", "gpuflow.controlplane_blocks", "setup", POOL, plane.mlflow_url]
@@ -505,7 +500,10 @@ def down(
         what = f"no join of node {node}" if node else "no control plane"
         report(f"{what} recorded here; nothing to stop")
         return []
-    stopped = stop(reversed(plane.services), timeout_s, report)  # workers first, servers last
+    # Workers first (a worker stopping still talks to the Prefect server), servers last.
+    workers = [s for s in plane.services if s.name.startswith("worker-")]
+    servers = [s for s in plane.services if s not in workers]
+    stopped = stop(workers, timeout_s, report) + stop(servers, timeout_s, report)
     state_path(home, node).unlink(missing_ok=True)
     return stopped
 

@@ -136,8 +136,10 @@ def alive(service: Service) -> bool:
 
 
 def stop(services: Iterable[Service], timeout_s: float, report: Report) -> list[str]:
-    """SIGTERM each live service's process group, SIGKILL after ``timeout_s``; in order."""
-    stopped = []
+    """SIGTERM every live service's process group at once, SIGKILL those still alive
+    after ``timeout_s``: they stop side by side, so a slow one costs its own wait, not
+    everyone's."""
+    stopping = []
     for service in services:
         if not alive(service):
             continue
@@ -145,15 +147,16 @@ def stop(services: Iterable[Service], timeout_s: float, report: Report) -> list[
             os.killpg(service.pid, signal.SIGTERM)  # its own session: the whole group
         except ProcessLookupError:
             continue
-        deadline = time.monotonic() + timeout_s
-        while alive(service) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        stopping.append(service)
+    deadline = time.monotonic() + timeout_s
+    while any(alive(s) for s in stopping) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for service in stopping:
         if alive(service):
             os.killpg(service.pid, signal.SIGKILL)
         _reap(service.pid)
         report(f"stopped {service.name} (pid {service.pid})")
-        stopped.append(service.name)
-    return stopped
+    return [service.name for service in stopping]
 
 
 def _reap(pid: int) -> None:

@@ -88,6 +88,13 @@ class JobOnDevice:
     def gang_size(self) -> int:
         return len(self.units)
 
+    @property
+    def gang_nodes(self) -> int:
+        """The nodes its spec spreads it over (``nodes``), else 1: a gang moves to one
+        node, or to as many as it asked for, gang_size / that on each."""
+        spec = (self.launch or {}).get("train_spec") or {}
+        return int(spec.get("nodes") or 1)
+
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 

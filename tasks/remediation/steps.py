@@ -450,7 +450,7 @@ def migrate_job(
             f"no healthy {job.sku} {what} free"
             if job.gang_size == 1
             else f"no node with {job.gang_size} healthy {job.sku} {what}s free for the gang"
-        )
+        ) + _smaller_placement(current.spec)
         return out
     try:
         out.launcher = relaunch(job.job_id, job.launch, reservation, cluster, on_crash)
@@ -464,6 +464,22 @@ def migrate_job(
     out.status = "resumed"
     out.landed(inventory, reservation.resource_ids)
     return out
+
+
+def _smaller_placement(spec: dict[str, Any]) -> str:
+    """What happens to a queued job with no target of its size: an elastic scheduled job
+    (count below max_count) is placed again by the scheduler at any size it allows, so a
+    gang may shrink, its sharded checkpoint resharding to the new world size."""
+    request = spec.get("request") if isinstance(spec, dict) else None
+    if not isinstance(request, dict):
+        return ""
+    low, high = request.get("count") or 1, request.get("max_count")
+    if not high or high <= low:
+        return ""
+    return (
+        f"; the scheduler places it again at {low} to {high} units (elastic), resharding "
+        "its checkpoint"
+    )
 
 
 # -- the ledger's part --------------------------------------------------------------------

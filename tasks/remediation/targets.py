@@ -101,9 +101,10 @@ def reserve_target(
 
 
 def gang_target(inventory: Inventory, job: JobOnDevice) -> list[str] | None:
-    """N free units of the gang's shape on one node, or None. The node with the fewest
-    free units that still fits wins (binpack: whole free nodes stay whole for big gangs);
-    on it, the lowest device indices."""
+    """N free units of the gang's shape, or None: on one node, or gang_size / M on each of
+    the M nodes its spec names (``gang_nodes``). The nodes with the fewest free units that
+    still fit win (binpack: whole free nodes stay whole for big gangs); on each, the
+    lowest device indices; nodes in that order, so rank 0 lands on the first."""
     free = inventory.free_resources(
         sku=job.sku,
         kind=job.kind,
@@ -114,12 +115,19 @@ def gang_target(inventory: Inventory, job: JobOnDevice) -> list[str] | None:
     for res in free:
         if res.resource_id not in job.units:
             by_node.setdefault(res.node, []).append(res)
-    fits = [node for node, units in by_node.items() if len(units) >= job.gang_size]
-    if not fits:
+    nodes = job.gang_nodes
+    per_node = job.gang_size // nodes
+    fits = sorted(
+        (node for node, units in by_node.items() if len(units) >= per_node),
+        key=lambda n: (len(by_node[n]), n),
+    )
+    if len(fits) < nodes:
         return None
-    node = min(fits, key=lambda n: (len(by_node[n]), n))
-    units = sorted(by_node[node], key=lambda r: (r.device_index, r.resource_id))
-    return [r.resource_id for r in units[: job.gang_size]]
+    out: list[str] = []
+    for node in fits[:nodes]:
+        units = sorted(by_node[node], key=lambda r: (r.device_index, r.resource_id))
+        out += [r.resource_id for r in units[:per_node]]
+    return out
 
 
 def _reserve_gang(

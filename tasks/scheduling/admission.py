@@ -52,10 +52,12 @@ def feasible_pools(fleet: FleetIndex, request: JobRequest) -> tuple[PoolKey, ...
                 continue
             per_device, why = units_per_device(fleet, request, (r, s))
             cap = capacity(fleet, request, (r, s), per_device)
-            if cap >= request.count:
-                fitting.append((r, s))
-            else:
+            if cap < request.count:
                 reasons.append(why or _short_of(fleet, request, (r, s), cap, per_device))
+            elif request.nodes and (spread := _short_of_nodes(fleet, request, (r, s))):
+                reasons.append(spread)
+            else:
+                fitting.append((r, s))
     if not fitting:
         what = request.describe()
         detail = "; ".join(dict.fromkeys(reasons)) or "no pool matches"
@@ -137,6 +139,22 @@ def _short_of(
         f"it needs {request.count} {what[request.kind]} of {sku}; the active {region} pool "
         f"has {cap}; spare node(s) {names} would make it fit: promote them first "
         f"(set_node_role(name, 'active')), the scheduler does not place on spares"
+    )
+
+
+def _short_of_nodes(fleet: FleetIndex, request: JobRequest, key: PoolKey) -> str:
+    """Why the pool cannot give ``request.nodes`` active nodes of ``per_node`` devices
+    each ("" if it can)."""
+    on_node: dict[str, int] = {}
+    for d in _pool_devices(fleet, key):
+        if fleet.nodes[d.node].active:
+            on_node[d.node] = on_node.get(d.node, 0) + 1
+    big = sorted(n for n, k in on_node.items() if k >= request.per_node)
+    if len(big) >= (request.nodes or 1):
+        return ""
+    return (
+        f"{key[0]}/{key[1]} has {len(big)} node(s) with {request.per_node} or more devices "
+        f"({', '.join(big) or 'none'}), not {request.nodes}"
     )
 
 

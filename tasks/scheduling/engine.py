@@ -236,7 +236,10 @@ class Engine:
             units = placement.pick(fleet, self.config, job, pool, policy)
             if units:
                 return self._start(job, units, now)
-        if not job.holds:
+        # Merging partitions back into whole devices is planned for one node's or one
+        # pool's count, not a per-node shape: a gang that names several nodes waits for
+        # whole devices (or preempts) instead.
+        if not job.holds and (req.nodes or 1) == 1:
             for pool in placement.ordered_pools(fleet, job, policy):
                 if req.kind == "device":
                     plan = repartition.propose_merge(fleet, self.config, job, pool)

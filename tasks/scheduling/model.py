@@ -80,6 +80,13 @@ class JobRequest(BaseModel):
     job_id: str = Field(description="Names the job, its leases and its control channel.")
     count: int = Field(default=1, ge=1, le=100_000, description="Units wanted (the minimum).")
     max_count: int | None = Field(default=None, ge=1, le=100_000, description="Elastic maximum.")
+    nodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Whole devices on exactly this many nodes, count/nodes on each (a gang "
+        "of one agent per node); None: wherever the policy puts them.",
+    )
     profile: str | None = Field(
         default=None, description="None: whole devices; a MIG profile (3g.20gb); or 'vdcu'."
     )
@@ -142,6 +149,8 @@ class JobRequest(BaseModel):
             raise ValueError(f"max_count {self.max_count} is below count {self.count}")
         if self.profile != VDCU and (self.compute_units is not None or self.memory_mb is not None):
             raise ValueError("compute_units / memory_mb size a vDCU: set profile='vdcu'")
+        if self.nodes is not None:
+            self._check_nodes()
         if self.resource_ids:
             if len(set(self.resource_ids)) != len(self.resource_ids):
                 raise ValueError("resource_ids names a resource twice")
@@ -151,6 +160,27 @@ class JobRequest(BaseModel):
                     f"count must equal that and max_count stay unset"
                 )
         return self
+
+    def _check_nodes(self) -> None:
+        nodes = self.nodes or 1
+        if self.count % nodes:
+            raise ValueError(
+                f"nodes {nodes}: count {self.count} does not split evenly (each node runs "
+                f"the same number of ranks; ask for a multiple of {nodes})"
+            )
+        for what, bad in (
+            ("max_count (an elastic gang)", self.elastic),
+            ("a profile (partitions)", self.profile is not None),
+            ("resource_ids (the pinned units name their nodes)", bool(self.resource_ids)),
+            ("start_at_s (a reservation)", self.start_at_s is not None),
+        ):
+            if bad:
+                raise ValueError(f"nodes {nodes} cannot be combined with {what}")
+
+    @property
+    def per_node(self) -> int:
+        """Units on each of its nodes (``nodes`` set), else its whole count."""
+        return self.count // (self.nodes or 1)
 
     @property
     def kind(self) -> str:
@@ -182,7 +212,8 @@ class JobRequest(BaseModel):
             what += f" ({self.compute_units or '?'} CUs, {self.memory_mb or '?'} MiB)"
         skus = f" of {'/'.join(self.skus)}" if self.skus else ""
         where = f" in {self.region}" if self.region else ""
-        return f"{size} x {what}{skus}{where}"
+        spread = f" on {self.nodes} node(s)" if self.nodes else ""
+        return f"{size} x {what}{skus}{spread}{where}"
 
 
 def parse_queue_depths(text: str) -> tuple[int | None, dict[str, int]]:

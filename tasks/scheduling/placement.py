@@ -6,6 +6,7 @@ fewest free devices that still fits (whole free nodes stay free for big gangs), 
 roomiest, first-fit the first in fleet order. At device level partitions go onto devices
 that already have busy partitions (binpack), so clean devices stay whole-able. A gang that
 fits on one node stays on one node (``node_local_gangs``); bigger ones take whole nodes.
+A gang that names its ``nodes`` gets count/nodes devices on each of that many nodes.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def usable_for(fleet: FleetIndex, unit: Unit, job: Job) -> bool:
 
 
 def node_local(config: SchedulerConfig, fleet: FleetIndex, req: JobRequest, pool: PoolKey) -> bool:
-    """Whether the gang must stay on one node of the pool (NVLink)."""
+    """Whether the gang must stay on one node of the pool (NVLink): a gang that fits on
+    one, unless it asks for its nodes (``nodes``: exactly one node, or several)."""
+    if req.nodes is not None:
+        return req.nodes == 1
     p = fleet.pools[pool]
     return (
         config.node_local_gangs
@@ -82,6 +86,8 @@ def pick(
         return None
     if req.kind == "device" and node_local(config, fleet, req, pool):
         return pick_node_local(fleet, pool, req.min_units, policy, holds)
+    if req.nodes:
+        return pick_per_node(fleet, pool, req.nodes, req.per_node, policy, holds)
     want = min(req.max_units, len(holds) + free)
     more = max(0, want - len(holds))
     if req.kind == "device":
@@ -112,6 +118,38 @@ def pick_node_local(
         return None
     rids = list(p.node_free[node])[:n]
     return [fleet.units[r] for r in rids]
+
+
+def pick_per_node(
+    fleet: FleetIndex, pool: PoolKey, nodes: int, per_node: int, policy: str, holds: list[Unit]
+) -> list[Unit] | None:
+    """``per_node`` whole devices on each of ``nodes`` nodes (a multi-node gang), in node
+    order; None if fewer nodes have room. Nodes holding units for the job come first
+    (most held first), then the policy's: the tightest that fit (binpack), the roomiest
+    (spread), fleet order (first-fit)."""
+    p = fleet.pools[pool]
+    held: dict[str, list[Unit]] = {}
+    for u in holds:
+        held.setdefault(u.node, []).append(u)
+    room = {
+        node: len(held.get(node, ())) + p.free_on(node)
+        for node in p.nodes
+        if len(held.get(node, ())) + p.free_on(node) >= per_node
+    }
+    if len(room) < nodes:
+        return None
+    order = list(room)  # fleet order
+    if policy == "binpack":
+        order.sort(key=lambda n: room[n])
+    elif policy == "spread":
+        order.sort(key=lambda n: -room[n])
+    order.sort(key=lambda n: -len(held.get(n, ())))  # stable: the policy's order within
+    out: list[Unit] = []
+    for node in order[:nodes]:
+        mine = held.get(node, [])[:per_node]
+        rids = list(p.node_free.get(node, {}))[: per_node - len(mine)]
+        out.extend(mine + [fleet.units[r] for r in rids])
+    return out
 
 
 def choose_node(fleet: FleetIndex, pool: PoolKey, n: int, policy: str) -> str | None:

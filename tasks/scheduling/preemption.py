@@ -22,8 +22,9 @@ priority than the plan's highest, replaces the plan if it loses less work.
 Where to look: the job's pools in its order of preference, skipping pools where lower
 priorities hold too few units (RunningIndex); the first pool where eviction makes room
 wins. A node-local gang evicts on one node: a lower bound per node first, exact plans in
-bound order until the bound exceeds the best plan (branch and bound). A pinned job can
-evict only whoever runs on its resources.
+bound order until the bound exceeds the best plan (branch and bound). A gang that names
+its nodes takes the cheapest plans of that many nodes. A pinned job can evict only
+whoever runs on its resources.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def plan(state: EngineState, job: Job, now: float) -> Preemption | None:
             continue  # even evicting every lower job would not make room
         if req.kind == "device" and node_local(state.config, state.fleet, req, pool):
             found = _plan_on_one_node(state, job, pool, now, risk)
+        elif req.nodes:
+            found = _plan_on_nodes(state, job, pool, now, risk)
         else:
             found = _plan_in_pool(state, job, pool, now)
         if found is not None:
@@ -310,11 +313,7 @@ def _plan_on_one_node(
     for top, low, node, need in bounds:
         if best is not None and (top, low) >= best[0][:2]:
             break
-        nj = state.running.node_jobs[node]
-        for tier in (False, True):
-            found = cover(_entries(state, job, nj.items(), now, risk, tier), need)
-            if found is not None:
-                break
+        found = _cover_on_node(state, job, state.running.node_jobs[node], need, now, risk)
         if found is None:
             continue
         if best is None or found[0] < best[0]:
@@ -326,6 +325,61 @@ def _plan_on_one_node(
     if not choices:
         return None
     return _preemption(job, pool, node, choices)
+
+
+def _plan_on_nodes(
+    state: EngineState, job: Job, pool: PoolKey, now: float, risk: Risk
+) -> Preemption | None:
+    """A gang that names its nodes: per_node devices on each of ``nodes`` nodes. Each
+    node's own best plan (as for a node-local gang; a node with room already costs
+    nothing), then the ``nodes`` cheapest of them, compared as plans are. A victim running
+    on two of the chosen nodes is evicted once: a preempted job frees all its units."""
+    req = job.request
+    p = state.fleet.pools[pool]
+    held = Counter(u.node for u in job.holds.values())
+    free_plan: Score = (-(10**9), 0.0, 0)  # below every plan that evicts anyone
+    plans: list[tuple[Score, str, list[Choice]]] = []
+    for node in p.nodes:
+        need = req.per_node - p.free_on(node) - held[node]
+        if need <= 0:
+            plans.append((free_plan, node, []))
+            continue
+        nj = state.running.node_jobs.get(node)
+        found = _cover_on_node(state, job, nj, need, now, risk) if nj else None
+        if found is None:
+            continue
+        choices = _choices(state, job, found[1], need, node)
+        if choices:
+            plans.append((found[0], node, choices))
+    if len(plans) < (req.nodes or 1):
+        return None
+    plans.sort(key=lambda plan: (plan[0], plan[1]))
+    merged: dict[str, Choice] = {}
+    for _score, _node, choices in plans[: req.nodes]:
+        for c in choices:
+            before = merged.get(c.candidate.job_id)
+            if before is None:
+                merged[c.candidate.job_id] = c
+                continue
+            # Preempted on either node: preempted (it frees everything it runs on).
+            keep = before.candidate if not before.candidate.shrink else c.candidate
+            release = tuple(dict.fromkeys(before.release + c.release))
+            merged[c.candidate.job_id] = Choice(keep, release)
+    if not merged:
+        return None  # room without evicting anyone: placement takes it
+    return _preemption(job, pool, None, list(merged.values()))
+
+
+def _cover_on_node(
+    state: EngineState, job: Job, node_jobs: Counter[str], need: int, now: float, risk: Risk
+) -> tuple[Score, list[Entry]] | None:
+    """The best cover of ``need`` units among one node's jobs (victim -> its units there):
+    elastic jobs giving only their surplus first, then whole."""
+    for elastic_whole in (False, True):
+        found = cover(_entries(state, job, node_jobs.items(), now, risk, elastic_whole), need)
+        if found is not None:
+            return found
+    return None
 
 
 def _priority_reached(victims: list[tuple[int, int]], need: int) -> int | None:

@@ -13,7 +13,6 @@ whose lease was lost (LeaseLostError) reports nothing: a newer attempt owns the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from gpuflow.hardware.inventory import LeaseLostError
@@ -31,11 +30,12 @@ def run_scheduled_job(
     cluster: Any,
     storage: Any,
     job_id: str,
-    extra_hooks: tuple[Callable[[Any], None], ...] = (),
     experiment: str | None = None,
 ) -> dict[str, Any]:
     """Train scheduled job ``job_id`` on its placement; returns the TrainResult as a dict
-    with ``run_id`` and ``resource_id``. Raises if the job has no train spec."""
+    with ``run_id`` and ``resource_id``. Raises if the job has no train spec. This
+    process's step observers (tasks.training.control) see its steps, a gang's rank 0's
+    through the launcher's relay."""
     import mlflow
     from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
     from gpuflow.tasks.training.binding import DeviceRequest
@@ -57,11 +57,6 @@ def run_scheduled_job(
     # One rank per placed unit: a placement of N units trains as a gang of N.
     units = max(1, len(service.inventory.job(job_id).resource_ids))
     spec = TrainSpec.model_validate(gang_spec(train, job_id, units))
-    if spec.gpus > 1 and extra_hooks:
-        raise ValueError(
-            f"job {job_id!r} trains as {spec.gpus} rank processes: step hooks of this "
-            "process would never be called"
-        )
     bindings = gang_placement(cluster, DeviceRequest(), job_id, spec.gpus)
     binding = bindings[0]
     res = binding.resource
@@ -97,7 +92,7 @@ def run_scheduled_job(
             result, report = run_gang_training(spec, storage, cluster, bindings, run_id)
             tag_gang(run_id, report)
         else:
-            result = run_training(spec, storage, cluster, binding, run_id, extra_hooks)
+            result = run_training(spec, storage, cluster, binding, run_id)
     except LeaseLostError:
         client.set_terminated(run_id, "KILLED")
         raise  # fenced: no release, no job-state write

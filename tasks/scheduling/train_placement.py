@@ -12,23 +12,28 @@ through the service's pass lock: one writer, whoever asks.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.tasks.scheduling.model import JobRequest, NoCapacityError, SchedulerConfig
 from gpuflow.tasks.scheduling.service import SchedulerService, is_scheduled
+from gpuflow.tasks.training.binding import DeviceRequest
 from prefect import task
 from prefect.cache_policies import NONE
 
 
-def request_from_device(device: Any, job_id: str, priority: int = 0, count: int = 1) -> JobRequest:
-    """A JobRequest for ``count`` units (a gang: homogeneous, one node's worth) from a
-    tasks.training.binding.DeviceRequest (or anything with ``sku``, ``profile``,
-    ``resource_id`` and ``region``)."""
-    sku = getattr(device, "sku", None)
-    profile = getattr(device, "profile", None)
-    region = getattr(device, "region", None)
-    pinned = _pins(device)
+def request_from_device(
+    device: DeviceRequest,
+    job_id: str,
+    priority: int = 0,
+    count: int = 1,
+    nodes: int | None = None,
+) -> JobRequest:
+    """A JobRequest for ``count`` units (a gang: homogeneous; over exactly ``nodes`` nodes
+    when given) from a DeviceRequest."""
+    sku, profile, region = device.sku, device.profile, device.region
+    pinned = device.pinned
     if pinned:
         return JobRequest(
             job_id=job_id,
@@ -44,16 +49,8 @@ def request_from_device(device: Any, job_id: str, priority: int = 0, count: int 
         skus=(sku,) if sku else (),
         region=region,
         count=count,
+        nodes=nodes,
     )
-
-
-def _pins(device: Any) -> tuple[str, ...]:
-    """The units ``device`` is pinned to: a gang's ``resource_ids`` or one ``resource_id``."""
-    ids = getattr(device, "resource_ids", None)
-    if ids:
-        return tuple(ids)
-    one = getattr(device, "resource_id", None)
-    return (one,) if one else ()
 
 
 def _pinned_request(
@@ -80,7 +77,7 @@ def _pinned_request(
 
 def placement_for_train(
     cluster: Any,
-    device: Any,
+    device: DeviceRequest,
     job_id: str,
     *,
     priority: int = 0,
@@ -115,7 +112,7 @@ def placement_for_train(
 
 def gang_placement(
     cluster: Any,
-    device: Any,
+    device: DeviceRequest,
     job_id: str,
     count: int,
     *,
@@ -125,9 +122,11 @@ def gang_placement(
     poll_s: float = 2.0,
     train: dict[str, Any] | None = None,
     config: SchedulerConfig | None = None,
+    nodes: int | None = None,
 ) -> list:  # -> list[tasks.training.binding.Binding], the primary first
     """placement_for_train for ``count`` units: a homogeneous gang, one Binding per unit
-    (the scheduler's gang placement: same SKU and kind, all or none)."""
+    (the scheduler's gang placement: same SKU and kind, all or none), over exactly
+    ``nodes`` nodes when given (count/nodes on each; pinned units must span that many)."""
     from gpuflow.tasks.training.binding import Binding, _sku_or_none, torch_device_for
 
     service = SchedulerService.for_cluster(cluster, config)
@@ -139,7 +138,7 @@ def gang_placement(
             f"job id {job_id!r} is in the jobs registry but not as a scheduled job; use another id"
         )
     if record is None or record.state in ("finished", "failed"):
-        pinned = _pins(device)
+        pinned = device.pinned
         if pinned:
             if len(pinned) != count:
                 raise InvalidRequestError(
@@ -147,8 +146,9 @@ def gang_placement(
                     f"unit(s) {list(pinned)}; pin one unit per rank"
                 )
             request = _pinned_request(service, pinned, job_id, priority)
+            _check_pinned_nodes(inventory, job_id, pinned, nodes)
         else:
-            request = request_from_device(device, job_id, priority, count)
+            request = request_from_device(device, job_id, priority, count, nodes)
         service.submit(request, train=train)
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
@@ -157,7 +157,7 @@ def gang_placement(
             break
         if time.monotonic() + poll_s > deadline:
             service.cancel(job_id)
-            what = request_from_device(device, job_id, priority, count).describe()
+            what = request_from_device(device, job_id, priority, count, nodes).describe()
             raise NoCapacityError(
                 f"no room for job {job_id!r} ({what}) within {wait_s:g} s: "
                 "every matching unit is leased, cordoned or unhealthy; submit it to the queue "
@@ -184,6 +184,20 @@ def gang_placement(
             )
         )
     return bindings
+
+
+def _check_pinned_nodes(
+    inventory: Any, job_id: str, pinned: tuple[str, ...], nodes: int | None
+) -> None:
+    if nodes is None:
+        return
+    per_node = Counter(inventory.resource(rid).node for rid in pinned)
+    if len(per_node) != nodes or len(set(per_node.values())) != 1:
+        shape = ", ".join(f"{n} on {node}" for node, n in sorted(per_node.items()))
+        raise InvalidRequestError(
+            f"job {job_id!r} spans {nodes} node(s), the same units on each, but its pinned "
+            f"units are {shape}"
+        )
 
 
 def release_placement(

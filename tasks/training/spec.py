@@ -40,6 +40,13 @@ class TrainSpec(BaseModel):
     # elastic agent restarts a failed gang from its last checkpoint, the collective
     # backend (default: chosen from the leased devices), and how the ranks hold the model.
     gpus: int = Field(default=1, ge=1, le=64, description="Ranks: one per leased unit.")
+    nodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Nodes the gang spans, gpus/nodes units on each (one elastic agent per "
+        "node); none: where the scheduler places it (one node when it fits on one).",
+    )
     max_restarts: int = Field(default=1, ge=0, le=100)
     backend: Literal["gloo", "nccl"] | None = None
     parallel: Literal["ddp", "fsdp"] = Field(
@@ -61,6 +68,15 @@ class TrainSpec(BaseModel):
         if value not in MODELS:
             raise ValueError(f"unknown model {value!r}; known: {', '.join(MODELS)}")
         return value
+
+    @model_validator(mode="after")
+    def _nodes(self) -> TrainSpec:
+        if self.nodes is not None and self.gpus % self.nodes:
+            raise ValueError(
+                f"nodes {self.nodes}: gpus {self.gpus} does not split evenly over them (each "
+                f"node runs the same number of ranks; ask for a multiple of {self.nodes})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _dataset(self) -> TrainSpec:

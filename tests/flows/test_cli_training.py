@@ -113,6 +113,11 @@ def test_train_cli_refuses_a_precision_the_device_lacks() -> None:
     assert no_bf16.exit_code == 2 and "bf16" in no_bf16.stderr
 
 
+def test_train_cli_refuses_ranks_that_do_not_split_over_the_nodes() -> None:
+    uneven = runner.invoke(app, ["train", "--gpus", "3", "--nodes", "2", "--steps", "5"])
+    assert uneven.exit_code == 2 and "gpus 3 does not split evenly" in uneven.stderr
+
+
 def test_compare_precision_cli_s3(s3_server: str) -> None:
     reduced = cpu_reduced_policy()  # bf16 where the CPU has it natively, else fp16
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(

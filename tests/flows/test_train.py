@@ -196,15 +196,17 @@ name: two-nodes
 seed: 3
 faults: {natural: false}
 nodes:
-  - {name: n0, region: r1, role: active, devices: [{sku: a100-40gb, count: 1}]}
-  - {name: n1, region: r1, role: active, devices: [{sku: a100-40gb, count: 1}]}
+  - {name: n0, region: r1, role: active, devices: [{sku: a100-40gb, count: 2}]}
+  - {name: n1, region: r1, role: active, devices: [{sku: a100-40gb, count: 2}]}
 """
 
 
 def test_a_gang_across_two_nodes_runs_one_agent_per_node(tmp_path, monkeypatch) -> None:
-    """Two units on two nodes: this run's agent on the first node hosts the rendezvous,
-    the second node's agent runs where that node's work runs (here: a process of this
-    machine, no `gang-agent` deployment on this server); each keeps its own staging."""
+    """Two units on two nodes (``nodes=2``: the gang would fit on one of these nodes, so
+    without it the scheduler keeps it on one): this run's agent on the first node hosts
+    the rendezvous, the second node's agent runs where that node's work runs (here: a
+    process of this machine, no `gang-agent` deployment on this server); each keeps its
+    own staging."""
     from gpuflow.blocks.gpu_cluster import GpuCluster
 
     fleet = tmp_path / "two-nodes.yaml"
@@ -212,7 +214,9 @@ def test_a_gang_across_two_nodes_runs_one_agent_per_node(tmp_path, monkeypatch) 
     GpuCluster(backend="sim", cluster_spec=str(fleet)).save("two-nodes", overwrite=True)
     monkeypatch.setenv("GPUFLOW_GANG_AGENTS", "auto")
     storage = CheckpointStorage(path=str(tmp_path / "ckpt"))
-    spec = _spec("across", steps=6, checkpoint_interval=3, batch_size=2, precision="fp32", gpus=2)
+    spec = _spec(
+        "across", steps=6, checkpoint_interval=3, batch_size=2, precision="fp32", gpus=2, nodes=2
+    )
     out = train(
         spec,
         device=DeviceRequest(sku="a100-40gb"),
@@ -223,7 +227,7 @@ def test_a_gang_across_two_nodes_runs_one_agent_per_node(tmp_path, monkeypatch) 
     assert out["steps_done"] == 6 and out["stopped_by_request"] is False
     run = _run(out["run_id"])
     assert run.data.params["world_size"] == "2"
-    assert run.data.params["nodes"] == str(["n0", "n1"])
+    assert run.data.params["nodes"] == "2" and run.data.tags["gpuflow.nodes"] == "n0,n1"
     manager = CheckpointManager(open_store(storage), "across")
     (newest, manifest), *_ = manager.committed()
     assert newest == "step-000000006" and manifest["layout"] == "dcp"

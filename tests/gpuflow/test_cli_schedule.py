@@ -16,13 +16,18 @@ def test_submit_list_cancel() -> None:
     assert out.exit_code == 0, out.output
     assert "queued job-a: 2 x device of NVIDIA A100-SXM4-40GB" in out.output
     out = runner.invoke(
+        app, ["submit", "job-w", "--count", "2", "--nodes", "2", "--sku", "a100-40gb"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "queued job-w: 2 x device of NVIDIA A100-SXM4-40GB on 2 node(s)" in out.output
+    out = runner.invoke(
         app, ["submit", "job-b", "--profile", "3g.20gb", "--priority", "5", "--external"]
     )
     assert out.exit_code == 0, out.output
     listing = runner.invoke(app, ["list"])
     assert listing.exit_code == 0
     assert "job-a" in listing.output and "job-b" in listing.output and "queued" in listing.output
-    assert "*: 2/8" in listing.output  # the any-region queue: 2 of its depth 8
+    assert "*: 3/8" in listing.output  # the any-region queue: 3 of its depth 8
     out = runner.invoke(app, ["cancel", "job-a"])
     assert out.exit_code == 0 and "cancelled" in out.output
     assert "job-a" not in runner.invoke(app, ["list"]).output
@@ -41,6 +46,8 @@ def test_refusals_are_one_line_and_exit_2() -> None:
         app, ["submit", "el", "--count", "2", "--max-count", "4", "--sku", "a100-40gb"]
     )
     assert out.exit_code == 2 and "split into 3 equal" in out.output
+    out = runner.invoke(app, ["submit", "uneven", "--count", "4", "--nodes", "3"])
+    assert out.exit_code == 2 and "count 4 does not split evenly" in out.output
     out = runner.invoke(app, ["submit", "x", "--model", "no-such-model"])
     assert out.exit_code == 2 and "unknown model" in out.output
     for i in range(2):

@@ -32,6 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -180,8 +181,13 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
         finally:
             gate.open()  # a failed test leaves no job waiting
             gang_gate.open()
-            left = _run("gpuflow", "down", "--node", GPU_NODE, env=env, on=hosts.gpu_prefix)
-            down = _run("gpuflow", "down", env=env)
+            # Each host shuts down on its own, as two machines would: side by side.
+            with ThreadPoolExecutor(2) as pool:
+                leaving = pool.submit(
+                    _run, "gpuflow", "down", "--node", GPU_NODE, env=env, on=hosts.gpu_prefix
+                )
+                down = _run("gpuflow", "down", env=env)
+                left = leaving.result()
             assert left.returncode == 0 and down.returncode == 0, left.stderr + down.stderr
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from gpuflow.tasks.training.distributed.agents import (
     node_address,
 )
 from gpuflow.tasks.training.distributed.gang import GangUnit
-from gpuflow.tasks.training.distributed.launch import run_gang, run_node_agent
+from gpuflow.tasks.training.distributed.launch import free_port, run_gang, run_node_agent
 from gpuflow.tasks.training.distributed.node_agent import agent_options, node_staging
 from gpuflow.tasks.training.distributed.worker import rank_owner
 from gpuflow.tasks.training.loop import TrainResult
@@ -98,7 +97,7 @@ def _run_across_nodes(
     other node's started where that node runs (agents.py); rank 0's result."""
     mode = agent_mode(os.environ.get(AGENT_MODE_ENV, "auto"))
     address = node_address(all_local=mode == "in-process")
-    rendezvous = (address, _free_port(address))
+    rendezvous = (address, free_port(address))
     orders = agent_orders(
         spec,
         storage,
@@ -128,9 +127,3 @@ def _run_across_nodes(
     out = dict(any_rank["rank0"])
     out.update(world_size=len(units), backend=any_rank["backend"])
     return out
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])

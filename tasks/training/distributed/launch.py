@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,10 @@ class GangFailedError(RuntimeError):
     """The gang failed more often than its max_restarts allowed."""
 
 
-def _free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
+    """A port free on ``address`` now: where a gang's rendezvous is hosted."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
@@ -90,18 +92,32 @@ def _parse_rendezvous(job_id: str, rendezvous: Any) -> tuple[str, int]:
     return host, port
 
 
+# Agents running in this process now (threads may each run one: a test's nodes): the
+# variable is set while any runs, and put back as it was when the last one ends.
+_fresh_store_users = 0
+_fresh_store_lock = threading.Lock()
+_fresh_store_before: str | None = None
+
+
 @contextlib.contextmanager
 def _fresh_store_per_round() -> Iterator[None]:
     # The agent reads it at every rendezvous and every worker start, all inside the launch.
-    before = os.environ.get(_FRESH_STORE_ENV)
-    os.environ[_FRESH_STORE_ENV] = "1"
+    global _fresh_store_users, _fresh_store_before
+    with _fresh_store_lock:
+        if _fresh_store_users == 0:
+            _fresh_store_before = os.environ.get(_FRESH_STORE_ENV)
+            os.environ[_FRESH_STORE_ENV] = "1"
+        _fresh_store_users += 1
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(_FRESH_STORE_ENV, None)
-        else:
-            os.environ[_FRESH_STORE_ENV] = before
+        with _fresh_store_lock:
+            _fresh_store_users -= 1
+            if _fresh_store_users == 0:
+                if _fresh_store_before is None:
+                    os.environ.pop(_FRESH_STORE_ENV, None)
+                else:
+                    os.environ[_FRESH_STORE_ENV] = _fresh_store_before
 
 
 def run_node_agent(
@@ -227,7 +243,7 @@ def run_gang(
         storage,
         units,
         units[0].node,
-        ("127.0.0.1", _free_port()),
+        ("127.0.0.1", free_port()),
         staging=staging,
         **options,
     )

@@ -34,7 +34,6 @@ class StepRelay:
         self._listener = Listener(("127.0.0.1", 0), authkey=self._key)
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.delivered = 0
         self._acceptor = threading.Thread(
             target=self._accept, name="gpuflow-step-relay", daemon=True
         )
@@ -80,7 +79,6 @@ class StepRelay:
                         observer(self.job_id, self.total_steps, info)
                     except Exception:  # noqa: BLE001 - an observer never stops the relay
                         log.exception("step observer %r failed on step %d", observer, info.step)
-                self.delivered += 1
 
 
 def relay_hook(address: RelayAddress | None) -> Callable[[Any], None] | None:

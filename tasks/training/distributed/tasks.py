@@ -11,10 +11,18 @@ from prefect.cache_policies import NONE
 
 
 def tag_gang(run_id: str, gang: dict[str, Any]) -> None:
-    """world_size, backend, parallel (ddp | fsdp) and nodes as params; the units as a tag."""
-    keys = ("world_size", "backend", "parallel", "nodes")
-    log_params(run_id, {key: gang[key] for key in keys})
-    log_tags(run_id, {"gpuflow.resource_ids": ",".join(gang["resource_ids"])})
+    """world_size, backend, parallel (ddp | fsdp) and nodes (how many: the spec's own
+    ``nodes`` param when it names them, so the two agree) as params; the units and the
+    nodes' names as tags."""
+    keys = ("world_size", "backend", "parallel")
+    log_params(run_id, {key: gang[key] for key in keys} | {"nodes": len(gang["nodes"])})
+    log_tags(
+        run_id,
+        {
+            "gpuflow.resource_ids": ",".join(gang["resource_ids"]),
+            "gpuflow.nodes": ",".join(gang["nodes"]),
+        },
+    )
 
 
 # No task retries: torchelastic restarts a failed gang itself (spec.max_restarts) from

@@ -329,3 +329,63 @@ def test_spare_partitions_and_node_size_do_not_count() -> None:
     engine.submit(_req("three", count=3), 0)
     (p,) = _place_all(engine)
     assert len(p.resource_ids) == 3 and set(p.nodes) == {"a0", "a1"}
+
+
+def test_a_gang_that_names_its_nodes_gets_the_same_count_on_each() -> None:
+    for policy, expected in (("binpack", {"n1", "n2"}), ("spread", {"n0", "n3"})):
+        # Free before the gang: n0 4, n1 2, n2 3, n3 4.
+        engine = make_engine([(f"n{i}", "r1", A100, 4) for i in range(4)], policy=policy)
+        engine.submit(_req("two-on-n1", count=2, resource_ids=("n1-0", "n1-1")), 0)
+        engine.submit(_req("one-on-n2", resource_ids=("n2-0",)), 0)
+        _place_all(engine)
+        engine.submit(_req("gang", count=4, nodes=2), 0)
+        (p,) = _place_all(engine)
+        on = {n: [r for r in p.resource_ids if engine.fleet.units[r].node == n] for n in p.nodes}
+        assert set(p.nodes) == expected, policy
+        assert sorted(len(rids) for rids in on.values()) == [2, 2]
+        assert engine.audit() == []
+    # It fits on one node, but asks for two: one on each, never two on one.
+    engine = make_engine([("n0", "r1", A100, 4), ("n1", "r1", A100, 4)])
+    engine.submit(_req("pair", count=2, nodes=2), 0)
+    (p,) = _place_all(engine)
+    assert set(p.nodes) == {"n0", "n1"} and len(p.resource_ids) == 2
+    # One node: on one node even where node-local gangs are off.
+    engine = make_engine([("n0", "r1", A100, 4), ("n1", "r1", A100, 4)], node_local_gangs=False)
+    engine.submit(_req("a", resource_ids=("n0-0",)), 0)
+    engine.submit(_req("b", resource_ids=("n1-0",)), 0)
+    _place_all(engine)
+    engine.submit(_req("local", count=4, nodes=1), 0)
+    assert _place_all(engine) == []  # 6 free, 3 per node: it waits
+    engine.finish("a", 1)
+    (p,) = _place_all(engine, 1)
+    assert p.nodes == ("n0",) and len(p.resource_ids) == 4
+
+
+def test_a_gang_waits_for_enough_nodes_with_room_and_is_refused_if_none_could_ever() -> None:
+    engine = make_engine([("n0", "r1", A100, 4), ("n1", "r1", A100, 4), ("n2", "r1", A100, 2)])
+    engine.submit(_req("hog", count=3, resource_ids=("n1-0", "n1-1", "n1-2")), 0)
+    _place_all(engine)
+    engine.submit(_req("gang", count=6, nodes=2), 0)  # 3 per node; n1 has 1 free, n2 2
+    assert _place_all(engine) == [] and engine.jobs["gang"].state == "queued"
+    engine.finish("hog", 1)
+    (p,) = _place_all(engine, 1)
+    assert set(p.nodes) == {"n0", "n1"}
+    with pytest.raises(SubmissionRefused, match=r"1 node\(s\) with 4 or more devices.*not 2"):
+        make_engine([("n0", "r1", A100, 4), ("n1", "r1", A100, 3), ("n2", "r1", A100, 3)]).submit(
+            _req("wide", count=8, nodes=2), 0
+        )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"count": 5, "nodes": 2}, "does not split evenly"),
+        ({"count": 2, "max_count": 4, "nodes": 2}, "max_count"),
+        ({"count": 2, "nodes": 2, "profile": "3g.20gb"}, "profile"),
+        ({"count": 1, "nodes": 1, "resource_ids": ("n0-0",)}, "resource_ids"),
+        ({"count": 2, "nodes": 2, "start_at_s": 10.0}, "start_at_s"),
+    ],
+)
+def test_nodes_that_cannot_shape_the_gang_are_refused_naming_why(fields, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        _req("bad", **fields)

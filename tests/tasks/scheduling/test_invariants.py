@@ -26,6 +26,7 @@ SHAPES = st.one_of(
     st.builds(dict, count=st.integers(1, 4), skus=st.sampled_from([(), ("a100-40gb",), ("v100",)])),
     st.builds(dict, count=st.integers(1, 3), profile=st.sampled_from(["1g.5gb", "3g.20gb"])),
     st.builds(dict, count=st.integers(1, 2), max_count=st.just(4)),
+    st.builds(dict, count=st.sampled_from([2, 4]), nodes=st.just(2)),  # a gang over 2 nodes
     st.builds(
         dict,
         profile=st.just("vdcu"),
@@ -71,7 +72,8 @@ class Scheduling(RuleBasedStateMachine):
             priority=priority,
             region=region,
             allow_spill=spill,
-            start_at_s=self.now + 50 if reserve else None,
+            # A gang that names its nodes is never a reservation (JobRequest refuses it).
+            start_at_s=self.now + 50 if reserve and "nodes" not in shape else None,
             **shape,
         )
         try:

@@ -231,3 +231,22 @@ def test_pinned_job_evicts_whoever_runs_on_its_resource() -> None:
     (p,) = [d for d in engine.schedule(101) if isinstance(d, Placement)]
     assert (p.job_id, p.resource_ids) == ("want-1", ("n0-1",))
     assert engine.audit() == []
+
+
+def test_a_gang_that_names_its_nodes_evicts_on_its_cheapest_nodes_each_victim_once() -> None:
+    engine = make_engine([(f"n{i}", "r1", A100, 2) for i in range(3)])
+    # "wide" runs one unit on each of n0 and n1; "c" fills n2; one unit of n0 and of n1
+    # stay free. The checkpoints make n2 the dearest node to evict on.
+    engine.submit(_req("wide", count=2, resource_ids=("n0-0", "n1-0")), 0)
+    engine.submit(_req("c", count=2, resource_ids=("n2-0", "n2-1")), 0)
+    engine.schedule(0)
+    engine.report_checkpoint("wide", 90)
+    engine.report_checkpoint("c", 10)
+    engine.submit(_req("gang", count=4, nodes=2, priority=5), 100)
+    (plan,) = [d for d in engine.schedule(100) if isinstance(d, Preemption)]
+    (e,) = plan.evictions  # needed on n0 and on n1: one eviction, both units released
+    assert e.job_id == "wide" and e.action == "preempt" and sorted(e.release) == ["n0-0", "n1-0"]
+    engine.stopped("wide", 110)
+    (p,) = [d for d in engine.schedule(110) if isinstance(d, Placement)]
+    assert p.job_id == "gang" and set(p.nodes) == {"n0", "n1"} and len(p.resource_ids) == 4
+    assert engine.audit() == []

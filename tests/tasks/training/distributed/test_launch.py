@@ -134,3 +134,18 @@ def test_a_rank_killed_mid_run_restarts_the_gang_from_its_last_commit(
     ref = _weights(reference, 20)
     got = _weights(tmp_path, 20)
     assert all(torch.equal(got[k], v) for k, v in ref.items()), "not bit-exact"
+
+
+def test_the_fresh_store_switch_stays_on_until_the_last_agent_of_the_process_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuflow.tasks.training.distributed import launch
+
+    monkeypatch.setenv(launch._FRESH_STORE_ENV, "0")  # what the user had
+    first, second = launch._fresh_store_per_round(), launch._fresh_store_per_round()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first agent ends while the second still runs
+    assert os.environ[launch._FRESH_STORE_ENV] == "1"
+    second.__exit__(None, None, None)
+    assert os.environ[launch._FRESH_STORE_ENV] == "0"
