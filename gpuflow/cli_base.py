@@ -19,21 +19,26 @@ err_console = Console(stderr=True, soft_wrap=True)  # errors stay one greppable 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def clean_errors(fn: F) -> F:
-    """Bad input and refused operations end as one red line and a non-zero exit, not a trace."""
+def clean_errors(fn: F | None = None, *, hardware_exit: int = 1) -> Any:
+    """Bad input and refused operations end as one red line and a non-zero exit, not a
+    trace: 2 for bad input, ``hardware_exit`` for a hardware error (a command whose exit 1
+    means something else, like `assert`'s "does not match", gives it 2)."""
 
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except InvalidRequestError as exc:
-            err_console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
-        except HardwareError as exc:
-            err_console.print(f"[red]hardware error:[/red] {exc}")
-            raise typer.Exit(1) from None
+    def decorate(fn: F) -> F:
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except InvalidRequestError as exc:
+                err_console.print(f"[red]error:[/red] {exc}")
+                raise typer.Exit(2) from None
+            except HardwareError as exc:
+                err_console.print(f"[red]hardware error:[/red] {exc}")
+                raise typer.Exit(hardware_exit) from None
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(fn) if fn is not None else decorate
 
 
 BackendOpt = Annotated[

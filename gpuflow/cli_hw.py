@@ -57,7 +57,10 @@ PlanFile = Annotated[
     Path, typer.Option("--file", "-f", help="Partition plan (mig-parted v1 format).")
 ]
 ConfigName = Annotated[
-    str, typer.Option("--config", "-c", help="The mig-config to use from the plan.")
+    str | None,
+    typer.Option(
+        "--config", "-c", help="The mig-config to use from the plan (default: its only one)."
+    ),
 ]
 NodesOpt = Annotated[
     list[str] | None,
@@ -76,12 +79,13 @@ def _read_plan(path: Path) -> Any:
 @partition_app.command("apply")
 @clean_errors
 def partition_apply(
-    file: PlanFile, config: ConfigName, node: NodesOpt = None, backend: BackendOpt = None
+    file: PlanFile, config: ConfigName = None, node: NodesOpt = None, backend: BackendOpt = None
 ) -> None:
     """Validate the whole plan, then bring every selected device to it (idempotent)."""
     from gpuflow.hardware.partition import apply_plan
 
     plan = _read_plan(file)
+    config, _ = plan.config(config)
     be = backend_named(backend)
     report = apply_plan(be, plan, config, nodes=node or None)
     _sync_inventory(be)
@@ -95,14 +99,16 @@ def partition_apply(
 
 
 @partition_app.command("assert")
-@clean_errors
+@clean_errors(hardware_exit=2)
 def partition_assert(
-    file: PlanFile, config: ConfigName, node: NodesOpt = None, backend: BackendOpt = None
+    file: PlanFile, config: ConfigName = None, node: NodesOpt = None, backend: BackendOpt = None
 ) -> None:
-    """Exit 0 when every selected device matches the plan, 1 (listing mismatches) otherwise."""
+    """Exit 0 when every selected device matches the plan, 1 (listing mismatches) when
+    one does not, 2 when it cannot say (a bad plan, a hardware error)."""
     from gpuflow.hardware.partition import assert_plan
 
     plan = _read_plan(file)
+    config, _ = plan.config(config)
     mismatches = assert_plan(backend_named(backend), plan, config, nodes=node or None)
     if mismatches:
         for m in mismatches:
@@ -119,11 +125,20 @@ def partition_export(
     ] = None,
     node: NodesOpt = None,
     backend: BackendOpt = None,
+    with_nodes: Annotated[
+        bool,
+        typer.Option(
+            help="gpuflow's extended form: every selected node in one plan, entries with "
+            "their nodes and vDCUs (default: plain mig-parted v1 of one node)."
+        ),
+    ] = False,
 ) -> None:
     """Write the current layout as a mig-parted plan (config "current")."""
     from gpuflow.hardware.partition import dump_yaml, export_layout
 
-    text = dump_yaml(export_layout(backend_named(backend), nodes=node or None))
+    text = dump_yaml(
+        export_layout(backend_named(backend), nodes=node or None, with_nodes=with_nodes)
+    )
     if file is None:
         sys.stdout.write(text)
     else:

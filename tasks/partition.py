@@ -27,8 +27,9 @@ def validate_plan(
 
 
 def snapshot_node(cluster: GpuCluster, node: str) -> str:
-    """The node's current layout as a mig-parted document (what a restore re-applies)."""
-    return dump_yaml(export_layout(cluster.get_backend(), nodes=[node]))
+    """The node's current layout as a plan document (what a restore re-applies): the
+    extended form, whose ``nodes`` keep a restore on this node (and vDCUs included)."""
+    return dump_yaml(export_layout(cluster.get_backend(), nodes=[node], with_nodes=True))
 
 
 def apply_node(cluster: GpuCluster, plan_path: str, config: str, node: str) -> dict[str, Any]:

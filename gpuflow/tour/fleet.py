@@ -46,9 +46,11 @@ class Refusal:
 
 
 def refuse_impossible(twin: Backend, plan: PartitionPlan) -> Refusal:
-    before = export_layout(twin)
+    before = export_layout(twin, with_nodes=True)
     try:
         plan_layouts(twin, plan, "impossible")
     except LayoutError as exc:
-        return Refusal(str(exc), export_layout(twin) == before)
-    return Refusal(None, export_layout(twin) == before)  # pragma: no cover - see the plan
+        return Refusal(str(exc), export_layout(twin, with_nodes=True) == before)
+    return Refusal(
+        None, export_layout(twin, with_nodes=True) == before
+    )  # pragma: no cover - see the plan

@@ -97,6 +97,21 @@ def _desired(
         raise refuse(
             "mig-and-vdcu", "the entry asks this device for MIG instances and vDCUs at once"
         )
+    if use_mig:
+        # Counts bounded before any list of them is built: a count of millions is refused
+        # at once, naming the profile, not after building millions of requests.
+        offered = {p.name: p.max_count for p in mig_profiles}
+        for name, n in wanted_mig.items():
+            if name in offered and n > offered[name]:
+                raise refuse(
+                    "max-count", f"{n} x {name} requested, at most {offered[name]} per device"
+                )
+        if sum(wanted_mig.values()) > max(offered.values(), default=0):
+            raise refuse(
+                "max-count",
+                f"{sum(wanted_mig.values())} MIG instances requested, at most "
+                f"{max(offered.values(), default=0)} fit one device",
+            )
     try:
         if use_mig:
             # Canonical order (largest first) so the layout, and its placements, are stable.

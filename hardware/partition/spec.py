@@ -20,7 +20,10 @@ Faithful to mig-parted (api/spec/v1, cmd/nvidia-mig-parted/{apply,assert,export}
   the entries in order and applies each).
 - An entry with ``devices: all`` skips devices that cannot do what it asks (mig-parted skips
   non MIG-capable GPUs), so ``all-1g.5gb`` runs on a node that also holds a V100.
-- Profile names ``1c.1g.5gb`` and ``1g.5gb`` are the same profile.
+- Profile names ``1c.1g.5gb`` and ``1g.5gb`` are the same profile; attributes follow as
+  go-nvlib writes them (``1g.5gb+me``, ``1g.24gb+me.all``, ``1g.24gb+gfx``, ``1g.24gb-me``),
+  so NVIDIA's own config-default.yaml loads as it is. A name is checked against a device
+  only when a config asks that device for it.
 
 Extensions (gpuflow's fleets are many nodes, mixed vendors):
 
@@ -55,10 +58,13 @@ PLAN_VERSION = "v1"
 _TOP_KEYS = ("version", "mig-configs")
 _ENTRY_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices", "nodes", "vdcu-devices")
 _VDCU_KEYS = ("compute-units", "memory-mb")
-# mig-parted's MigProfile grammar: [<c>c.]<g>g.<gb>gb[+attr[,attr...]]; only "me" is known.
-PROFILE_RE = re.compile(
-    r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:\+([A-Za-z][A-Za-z0-9]*(?:,[A-Za-z][A-Za-z0-9]*)*))?$"
-)
+# go-nvlib's MIG profile grammar (pkg/nvlib/device/mig_profile.go, what mig-parted parses
+# with): [<c>c.]<g>g.<gb>gb, then +attr[,attr...] or -attr[,attr...] (never both); an
+# attribute starts with a letter, holds letters, digits and dots, and does not end in a
+# dot ("me", "me.all", "gfx"). Which attributes exist is the device's business: a name
+# is checked against the profiles of a device a config asks for it (select.py).
+_ATTR = r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?"
+PROFILE_RE = re.compile(rf"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:([+-])({_ATTR}(?:,{_ATTR})*))?$")
 PCI_RE = re.compile(r"^(0[xX][0-9a-fA-F]+|[0-9]+)(?::(0[xX][0-9a-fA-F]+|[0-9]+))?$")
 
 
@@ -206,19 +212,20 @@ def _is_int(v: Any) -> bool:
 
 
 def normalize_profile(name: str) -> str:
-    """mig-parted's normal form: ``1c.1g.5gb`` -> ``1g.5gb``; raises ValueError if malformed."""
+    """mig-parted's normal form: ``1c.1g.5gb`` -> ``1g.5gb``, ``1g.24gb+gfx`` and
+    ``1g.24gb-me`` as they are; raises ValueError if malformed."""
     m = PROFILE_RE.match(name)
     if not m:
-        raise ValueError(f"{name!r} is not a MIG profile name like '1g.5gb' or '1c.2g.10gb'")
-    c, g, gb, attrs = m.groups()
+        raise ValueError(
+            f"{name!r} is not a MIG profile name like '1g.5gb', '1c.2g.10gb', '1g.5gb+me' or "
+            "'1g.24gb-me'"
+        )
+    c, g, gb, sign, attrs = m.groups()
     if attrs:
         parts = attrs.split(",")
         if len(set(parts)) != len(parts):
             raise ValueError(f"{name!r} repeats an attribute")
-        unknown = [a for a in parts if a != "me"]
-        if unknown:
-            raise ValueError(f"{name!r}: unknown MIG profile attribute {unknown[0]!r} (known: me)")
-    suffix = f"+{attrs}" if attrs else ""
+    suffix = f"{sign}{attrs}" if attrs else ""
     if c is None or int(c) == int(g):
         return f"{int(g)}g.{int(gb)}gb{suffix}"
     return f"{int(c)}c.{int(g)}g.{int(gb)}gb{suffix}"

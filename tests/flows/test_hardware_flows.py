@@ -42,7 +42,7 @@ def test_partition_flow_applies_per_node_and_leaves_a_layout_table() -> None:
 
 
 def test_partition_flow_rolls_back_every_node_when_one_fails(monkeypatch) -> None:
-    before = export_layout(SimBackend())
+    before = export_layout(SimBackend(), with_nodes=True)
     real_apply = partition_tasks.apply_plan
 
     def failing_apply(backend, plan, config, nodes=None):
@@ -54,14 +54,14 @@ def test_partition_flow_rolls_back_every_node_when_one_fails(monkeypatch) -> Non
     monkeypatch.setattr(partition_tasks.apply_node_task, "retries", 0)
     with pytest.raises(RuntimeError, match="rolled back"):
         partition(PLAN, "tour")
-    assert export_layout(SimBackend()) == before
+    assert export_layout(SimBackend(), with_nodes=True) == before
 
 
 def test_partition_flow_refuses_an_impossible_plan_before_touching_anything() -> None:
-    before = export_layout(SimBackend())
+    before = export_layout(SimBackend(), with_nodes=True)
     with pytest.raises(Exception, match="v100-0"):
         partition(PLAN, "impossible")
-    assert export_layout(SimBackend()) == before
+    assert export_layout(SimBackend(), with_nodes=True) == before
 
 
 def test_inventory_flow_records_devices_and_telemetry() -> None:

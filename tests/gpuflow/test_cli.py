@@ -53,7 +53,10 @@ def test_partition_apply_assert_export_round_trip(tmp_path: Path) -> None:
         runner.invoke(app, ["hw", "partition", "assert", "-f", plan, "-c", "tour"]).exit_code == 0
     )
     out = tmp_path / "current.yaml"
-    assert runner.invoke(app, ["hw", "partition", "export", "-f", str(out)]).exit_code == 0
+    assert (
+        runner.invoke(app, ["hw", "partition", "export", "--with-nodes", "-f", str(out)]).exit_code
+        == 0
+    )
     doc = yaml.safe_load(out.read_text())
     entries = doc["mig-configs"]["current"]
     a100_0 = next(e for e in entries if e.get("nodes") == ["a100-0"] and e["devices"] == [0])
@@ -73,14 +76,14 @@ def test_assert_fails_on_an_unapplied_plan() -> None:
 
 
 def test_impossible_plan_exits_nonzero_naming_device_and_rule() -> None:
-    before = runner.invoke(app, ["hw", "partition", "export"]).stdout
+    before = runner.invoke(app, ["hw", "partition", "export", "--with-nodes"]).stdout
     result = runner.invoke(
         app, ["hw", "partition", "apply", "-f", str(tour_plan_path()), "-c", "impossible"]
     )
     assert result.exit_code == 2
     assert "v100-0:0" in result.stderr and "Tesla V100-SXM2-32GB" in result.stderr
     assert "no-mig" in result.stderr or "MIG" in result.stderr
-    assert runner.invoke(app, ["hw", "partition", "export"]).stdout == before
+    assert runner.invoke(app, ["hw", "partition", "export", "--with-nodes"]).stdout == before
     # a100-1 was valid in the same plan, yet nothing was applied to it either.
     rows = json.loads(runner.invoke(app, ["hw", "list", "--json"]).stdout)
     assert all(not r["partitions"] for r in rows if r["node"] == "a100-1")
@@ -120,3 +123,24 @@ def test_injected_fault_shows_in_another_process_telemetry() -> None:
     assert "row remap pending" in rows[("a100-1", 2)]["health_reasons"]
     assert rows[("v100-0", 3)]["health"] == "lost"
     assert rows[("a100-1", 1)]["health"] == "ok"
+
+
+def test_assert_tells_a_mismatch_from_a_failure_and_c_defaults_to_the_only_config(
+    tmp_path: Path, monkeypatch
+) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text("version: v1\nmig-configs:\n  off:\n    - {devices: all, mig-enabled: false}\n")
+    assert runner.invoke(app, ["hw", "partition", "apply", "-f", str(one)]).exit_code == 0
+    assert runner.invoke(app, ["hw", "partition", "assert", "-f", str(one)]).exit_code == 0
+    two = runner.invoke(app, ["hw", "partition", "assert", "-f", str(tour_plan_path())])
+    assert two.exit_code == 2 and "name one" in two.stderr  # several configs: -c needed
+
+    from gpuflow.hardware import partition
+    from gpuflow.hardware.backend import HardwareError
+
+    def broken(*args, **kwargs):
+        raise HardwareError("NVML: the driver stopped answering")
+
+    monkeypatch.setattr(partition, "assert_plan", broken)
+    failed = runner.invoke(app, ["hw", "partition", "assert", "-f", str(one)])
+    assert failed.exit_code == 2 and "driver stopped answering" in failed.stderr

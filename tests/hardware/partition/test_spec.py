@@ -47,10 +47,14 @@ def test_profile_names_normalize_like_mig_parted() -> None:
     assert normalize_profile("1c.1g.5gb") == "1g.5gb"
     assert normalize_profile("1g.5gb+me") == "1g.5gb+me"
     assert normalize_profile("1c.2g.10gb") == "1c.2g.10gb"
-    with pytest.raises(ValueError, match="unknown MIG profile attribute"):
-        normalize_profile("1g.5gb+gfx")
-    with pytest.raises(ValueError, match="not a MIG profile"):
-        normalize_profile("1g5gb")
+    # Attributes as go-nvlib parses them: +a[,b] or -a, letters, digits and dots.
+    for name in ("1g.24gb+gfx", "1g.24gb+me.all", "1g.24gb-me", "1c.2g.48gb+me,gfx"):
+        assert normalize_profile(name) == name
+    for bad in ("1g5gb", "1g.5gb+", "1g.5gb+1me", "1g.5gb+me.", "1g.5gb+me-x", "1g.5gb+m e"):
+        with pytest.raises(ValueError, match="not a MIG profile"):
+            normalize_profile(bad)
+    with pytest.raises(ValueError, match="repeats an attribute"):
+        normalize_profile("1g.5gb+me,me")
     plan = load_plan(
         'version: v1\nmig-configs:\n  c:\n    - {devices: all, mig-enabled: true, mig-devices: {"1c.1g.5gb": 2, "1g.5gb": 1}}\n'
     )
