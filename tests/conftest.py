@@ -121,12 +121,23 @@ def _worker_schema(url: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def prefect_server() -> Iterator[None]:
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A real (temporary, local) Prefect server for the rest of the session, started once
-    by whichever test needs one first (every test under tests/flows/ does)."""
-    from prefect.testing.utilities import prefect_test_harness
+    by whichever test needs one first (every test under tests/flows/ does); its database
+    starts as a copy of a migrated empty one (tests/helpers/store_templates.py)."""
+    from unittest import mock
 
-    with prefect_test_harness(server_startup_timeout=120):
+    from prefect.testing import utilities as harness
+
+    from tests.helpers.store_templates import seed
+
+    # The harness makes its database "prefect-test.db" in a folder of its own (mkdtemp).
+    folder = tmp_path_factory.mktemp("prefect-harness")
+    seed(folder / "prefect-test.db")
+    with (
+        mock.patch.object(harness, "mkdtemp", return_value=str(folder)),
+        harness.prefect_test_harness(server_startup_timeout=120),
+    ):
         yield
 
 

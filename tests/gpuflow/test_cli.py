@@ -109,7 +109,11 @@ def test_train_refuses_bad_input_before_any_flow_runs() -> None:
     assert policy.exit_code == 2 and "precision" in policy.stderr
     s3_without_bucket = runner.invoke(app, ["train", "--storage", "s3"])
     assert s3_without_bucket.exit_code == 2 and "bucket" in s3_without_bucket.stderr
-    assert not list(Path(os.environ["GPUFLOW_HOME"]).glob("mlflow/*"))  # nothing recorded
+    from gpuflow.tasks.tracking import tracking_uri
+    from mlflow.tracking import MlflowClient
+
+    # Nothing recorded: the store (new, migrated) holds MLflow's Default experiment only.
+    assert [e.name for e in MlflowClient(tracking_uri()).search_experiments()] == ["Default"]
 
 
 def test_injected_fault_shows_in_another_process_telemetry() -> None:

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuflow import controlplane
 from tests.helpers.precision import cpu_reduced_policy
+from tests.helpers.store_templates import seed
 from tests.helpers.workers import FAST_WORKERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -69,7 +71,9 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     env = {**os.environ, "GPUFLOW_HOME": str(home), "GPUFLOW_BACKEND": "sim", **FAST_WORKERS}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
-    # The tour first, with no control plane up: it records into the stores `up` serves.
+    # The tour first, with no control plane up: it records into the stores `up` serves
+    # (Prefect's database migrated once per machine, not per test).
+    seed(controlplane.local_stores(home).prefect_database)
     tour = _gpuflow("demo", "--quick", env=env, timeout=900)
     assert tour.returncode == 0, tour.stdout[-3000:] + tour.stderr[-3000:]
     up = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=env, timeout=900)
@@ -244,7 +248,7 @@ def test_mlflow_compare_view_shows_speedup_and_convergence_delta(plane: dict) ->
         "--model",
         "llama-tiny",
         "--steps",
-        "12",
+        "4",
         "--candidate",
         cpu_reduced_policy(),  # bf16 where the CPU has it natively, else fp16
         env=env,

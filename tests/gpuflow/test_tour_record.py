@@ -90,8 +90,12 @@ def test_with_a_control_plane_up_the_tour_records_through_it(
         assert rec.plane is not None and rec.prefect == "http://127.0.0.1:4321/api"
         looked = where_to_look(rec)
         assert "http://127.0.0.1:4321" in looked and "http://127.0.0.1:4322" in looked
-    # Nothing was written to the local store: the plane's server owns the experiments.
-    assert not (gpuflow_home / "mlflow" / "mlflow.db").exists()
+    # Nothing was written to the local store (new and empty: MLflow's Default experiment
+    # only): the plane's server owns the experiments.
+    from mlflow.tracking import MlflowClient
+
+    local = MlflowClient(f"sqlite:///{gpuflow_home / 'mlflow' / 'mlflow.db'}")
+    assert [e.name for e in local.search_experiments()] == ["Default"]
 
 
 def test_a_plane_whose_servers_are_gone_is_not_recorded_through(

@@ -38,8 +38,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuflow import controlplane
 from tests.helpers.hosts import two_hosts
 from tests.helpers.step_gate import StepGate, gates_env
+from tests.helpers.store_templates import seed
 from tests.helpers.workers import FAST_WORKERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -129,6 +131,7 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
     }
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(key, None)
+    seed(controlplane.local_stores(home).prefect_database)  # migrated once, not per test
     reset = _run("gpuflow", "sim", "reset", "--spec", str(_twin_spec(home)), env=env)
     assert reset.returncode == 0, reset.stderr
     with _mlflow_store(postgres_url) as (mlflow_store, password), two_hosts() as hosts:
@@ -359,6 +362,8 @@ def _one_pass(box: dict) -> None:
         "--param",
         "passes=1",  # one pass now (the deployment's runs pass for hours)
         "--watch",
+        "--watch-interval",
+        "1",
         env=box["client_env"],
     )
     assert passed.returncode == 0, passed.stdout[-2000:] + passed.stderr[-2000:]
