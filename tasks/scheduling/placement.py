@@ -132,9 +132,7 @@ def pick_per_node(
     for u in holds:
         held.setdefault(u.node, []).append(u)
     room = {
-        node: len(held.get(node, ())) + p.free_on(node)
-        for node in p.nodes
-        if len(held.get(node, ())) + p.free_on(node) >= per_node
+        node: n for node in p.nodes if (n := len(held.get(node, ())) + p.free_on(node)) >= per_node
     }
     if len(room) < nodes:
         return None

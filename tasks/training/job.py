@@ -20,7 +20,7 @@ from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
 from gpuflow.hardware.inventory import JobState, LeaseLostError
 from gpuflow.hardware.inventory.keeper import LeaseKeeper
-from gpuflow.tasks.training import control
+from gpuflow.tasks.training import control  # its step_observers, looked up at each run
 from gpuflow.tasks.training.binding import (
     Binding,
     DeviceRequest,

@@ -231,7 +231,10 @@ def test_a_gang_pinned_to_its_units_is_placed_there_or_refused_clearly(cluster) 
     v100 = next(r.resource_id for r in svc.inventory.free_resources(sku="v100"))
     with pytest.raises(InvalidRequestError, match="not homogeneous"):
         gang_placement(cluster, DeviceRequest(resource_ids=[_free_a100(svc), v100]), "g3", 2)
-    assert {"g2", "g3"}.isdisjoint(v.job_id for v in svc.jobs())  # refused: nothing written
+    # A gang that names two nodes, pinned to two units of one node: refused, naming them.
+    with pytest.raises(InvalidRequestError, match=r"spans 2 node\(s\).*2 on "):
+        gang_placement(cluster, DeviceRequest(resource_ids=units), "g4", 2, nodes=2)
+    assert {"g2", "g3", "g4"}.isdisjoint(v.job_id for v in svc.jobs())  # nothing written
     with pytest.raises(ValueError, match="not both"):
         DeviceRequest(resource_id=units[0], resource_ids=units)
     with pytest.raises(ValueError, match="distinct unit ids"):
