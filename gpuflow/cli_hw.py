@@ -76,19 +76,56 @@ def _read_plan(path: Path) -> Any:
     return load_plan(path)
 
 
+HooksFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--hooks-file",
+        help="mig-parted hooks file (version v1): apply-start, pre-apply-mode, "
+        "pre-apply-config, apply-exit commands (e.g. stop and start DCGM around a reset).",
+    ),
+]
+
+
 @partition_app.command("apply")
 @clean_errors
 def partition_apply(
-    file: PlanFile, config: ConfigName = None, node: NodesOpt = None, backend: BackendOpt = None
+    file: PlanFile,
+    config: ConfigName = None,
+    node: NodesOpt = None,
+    backend: BackendOpt = None,
+    hooks_file: HooksFile = None,
+    skip_reset: Annotated[
+        bool,
+        typer.Option(
+            "--skip-reset",
+            help="Leave MIG mode changes a GPU reset must apply pending (reset later).",
+        ),
+    ] = False,
 ) -> None:
-    """Validate the whole plan, then bring every selected device to it (idempotent)."""
-    from gpuflow.hardware.partition import apply_plan
+    """Validate the whole plan and check no device to change is in use, then bring every
+    selected device to it: MIG modes, one reset where NVML left a change pending, then
+    partitions (idempotent; all or nothing). The inventory is re-synced afterwards."""
+    from gpuflow.hardware.inventory import Inventory
+    from gpuflow.hardware.partition import NO_HOOKS, apply_plan, load_hooks
+    from gpuflow.hardware.partition.guard import InventoryGuard
 
     plan = _read_plan(file)
     config, _ = plan.config(config)
+    hooks = load_hooks(hooks_file) if hooks_file is not None else NO_HOOKS
     be = backend_named(backend)
-    report = apply_plan(be, plan, config, nodes=node or None)
-    _sync_inventory(be)
+    envs = {"MIG_PARTED_CONFIG_FILE": str(file)}
+    if hooks_file is not None:
+        envs["MIG_PARTED_HOOKS_FILE"] = str(hooks_file)
+    report = apply_plan(
+        be,
+        plan,
+        config,
+        nodes=node or None,
+        hooks=hooks,
+        skip_reset=skip_reset,
+        guard=InventoryGuard(Inventory()),
+        hook_envs=envs,
+    )
     changed = [d for d in report.devices if d.changed]
     console.print(
         f"applied config [bold]{config}[/bold]: {len(changed)} device(s) changed, "
@@ -96,6 +133,15 @@ def partition_apply(
     )
     for d in changed:
         console.print(f"  {d.node}:{d.index}  {d.before_summary} -> {d.after_summary}")
+    if report.skipped_lost:
+        err_console.print(
+            f"[yellow]skipped (fell off the bus)[/yellow]: {', '.join(report.skipped_lost)}"
+        )
+    if report.reset:
+        console.print(f"reset (pending MIG mode applied): {', '.join(report.reset)}")
+    requeued = report.settled.get("jobs_requeued") or []
+    if requeued:
+        console.print(f"requeued (their partitions are gone): {', '.join(requeued)}")
 
 
 @partition_app.command("assert")
@@ -194,6 +240,34 @@ def sim_repair(device: Annotated[str, typer.Option("--device", "-d", help="NODE:
     node, index = _parse_device(device)
     _twin().repair(node, index)
     console.print(f"repaired {node}:{index}")
+
+
+HolderArg = Annotated[
+    str, typer.Argument(help="Who holds it, e.g. nv-hostengine (DCGM) or dcgm-exporter.")
+]
+
+
+@sim_app.command("hold")
+@clean_errors
+def sim_hold(
+    device: Annotated[str, typer.Option("--device", "-d", help="NODE:INDEX")], holder: HolderArg
+) -> None:
+    """A client keeps a twin GPU open (as DCGM does): MIG mode changes wait for a reset,
+    which it blocks until released."""
+    node, index = _parse_device(device)
+    _twin().hold_device(node, index, holder)
+    console.print(f"{holder} holds {node}:{index}")
+
+
+@sim_app.command("release")
+@clean_errors
+def sim_release(
+    device: Annotated[str, typer.Option("--device", "-d", help="NODE:INDEX")], holder: HolderArg
+) -> None:
+    """The client stops holding the twin GPU (what a pre-apply-mode hook does)."""
+    node, index = _parse_device(device)
+    released = _twin().release_device(node, index, holder)
+    console.print(f"{holder} {'released' if released else 'did not hold'} {node}:{index}")
 
 
 @sim_app.command("advance")

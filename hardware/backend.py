@@ -36,6 +36,18 @@ class DeviceLostError(HardwareError):
     """The device no longer answers (fell off the bus, XID 79)."""
 
 
+class DeviceBusyError(InvalidRequestError):
+    """A change was refused before anything was touched: these devices are in use.
+    ``busy`` maps "node:index" to who uses it (processes, tenants, leases)."""
+
+    def __init__(self, busy: dict[str, list[str]]) -> None:
+        self.busy = {k: list(v) for k, v in busy.items()}
+        super().__init__(
+            "refused before any device was changed: in use: "
+            + "; ".join(f"{d} by {', '.join(who)}" for d, who in self.busy.items())
+        )
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     node: str
@@ -108,6 +120,20 @@ class Partition:
 
 
 @dataclass(frozen=True)
+class PartitionModeState:
+    """Partitioning (MIG) mode as NVML reports it: ``current`` is in force now, ``pending``
+    is what the next GPU reset brings (they differ while a change waits for the reset,
+    e.g. when DCGM or a VM's hypervisor holds the GPU)."""
+
+    current: bool
+    pending: bool
+
+    @property
+    def reset_pending(self) -> bool:
+        return self.current != self.pending
+
+
+@dataclass(frozen=True)
 class ClockState:
     sm_clock_mhz: int
     sm_clock_min_mhz: int
@@ -139,8 +165,33 @@ CLOCK_EVENT_REASONS = (
 )
 
 
+# The optional telemetry fields: what a backend may be unable to read on a device (no
+# ECC on a card with ECC off, no row remapping before Ampere, nothing of the sort from
+# hy-smi). A backend declares which of them it reads per device (Backend.telemetry_fields)
+# and leaves the others None in its samples: absent, not zero, so that a health model
+# never learns "no errors" from a fleet that cannot report errors at all.
+TELEMETRY_FIELDS: frozenset[str] = frozenset(
+    {
+        "ecc_corrected_total",
+        "ecc_uncorrected_total",
+        "retired_pages",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_pending",
+        "remapped_rows_failure",
+        "clock_event_reasons",
+        "xids",
+    }
+)
+
+
 @dataclass(frozen=True)
 class TelemetrySample:
+    """One reading of a device. The fields up to ``power_limit_mw`` are always read; the
+    rest (TELEMETRY_FIELDS) are None where this device's backend cannot read them. Their
+    defaults describe a field that was read and showed nothing, so a backend that cannot
+    read one must say None explicitly."""
+
     node: str
     index: int
     timestamp_s: float
@@ -153,18 +204,22 @@ class TelemetrySample:
     memory_total_mb: int
     sm_clock_mhz: int
     power_limit_mw: int
-    ecc_corrected_total: int = 0
-    ecc_uncorrected_total: int = 0
-    retired_pages: int = 0
-    remapped_rows_correctable: int = 0
-    remapped_rows_uncorrectable: int = 0
-    remapped_rows_pending: bool = False
-    remapped_rows_failure: bool = False
-    clock_event_reasons: tuple[str, ...] = ()
-    xids: tuple[int, ...] = field(default=())  # XID events seen since the last sample
+    ecc_corrected_total: int | None = 0
+    ecc_uncorrected_total: int | None = 0
+    retired_pages: int | None = 0
+    remapped_rows_correctable: int | None = 0
+    remapped_rows_uncorrectable: int | None = 0
+    remapped_rows_pending: bool | None = False
+    remapped_rows_failure: bool | None = False
+    clock_event_reasons: tuple[str, ...] | None = ()
+    xids: tuple[int, ...] | None = field(default=())  # XID events seen since the last sample
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def unreadable_fields(self) -> frozenset[str]:
+        """The optional fields (TELEMETRY_FIELDS) this sample does not carry (None)."""
+        return frozenset(f for f in TELEMETRY_FIELDS if getattr(self, f) is None)
 
 
 class Backend(abc.ABC):
@@ -195,6 +250,12 @@ class Backend(abc.ABC):
         """The device's energy counter in millijoules; it only grows."""
         return self.telemetry(node, index).energy_mj
 
+    def telemetry_fields(self, node: str, index: int) -> frozenset[str]:
+        """The optional fields (TELEMETRY_FIELDS) this backend reads on this device; the
+        others are None in its samples. The default is a backend that reads them all."""
+        self.device(node, index)  # an unknown device is an error here too
+        return TELEMETRY_FIELDS
+
     # -- hard partitions -------------------------------------------------------------
     @abc.abstractmethod
     def partition_profiles(self, node: str, index: int) -> list[PartitionProfile]:
@@ -210,7 +271,25 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def set_partition_mode(self, node: str, index: int, enabled: bool) -> None:
-        """Enable or disable hard partitioning (MIG mode) on the device."""
+        """Ask for hard partitioning (MIG mode) on or off. The change may be left pending
+        until a GPU reset (see ``partition_mode_state`` and ``reset_devices``)."""
+
+    def partition_mode_state(self, node: str, index: int) -> PartitionModeState:
+        """(current, pending) partitioning mode; backends without pending modes answer
+        the current mode twice."""
+        mode = self.partition_mode(node, index)
+        return PartitionModeState(current=mode, pending=mode)
+
+    def reset_devices(self, devices: Sequence[tuple[str, int]]) -> None:
+        """Reset devices (``nvidia-smi -r``) so pending mode changes take effect; refused,
+        naming who holds them, while anything still uses one of them."""
+        raise UnsupportedError(f"backend {self.name!r} cannot reset devices")
+
+    def device_processes(self, node: str, index: int) -> list[str]:
+        """What computes on the device or its partitions now (NVML's compute processes,
+        the twin's tenants): changing its layout would break them. [] when nothing does.
+        Clients that only keep it open (DCGM) are not listed: they block a reset only."""
+        return []
 
     @abc.abstractmethod
     def create_partitions(

@@ -2,7 +2,10 @@
 
 These are the threshold rules an operator would apply by eye (and the rule baseline
 the predictive health model is compared against): critical XIDs, pending row remaps,
-uncorrectable ECC, thermal slowdown, a device that fell off the bus.
+uncorrectable ECC, thermal slowdown, a device that fell off the bus. A rule whose input
+the device's backend cannot read (None in the sample: no ECC or XIDs from hy-smi, no row
+remapping on a V100) cannot fire: the status says so in ``unreadable`` rather than
+passing the device as clean on evidence nobody has.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ HOT_TEMPERATURE_C = 85.0
 class HealthStatus:
     level: str  # "ok" | "warn" | "critical" | "lost"
     reasons: tuple[str, ...]
+    unreadable: tuple[str, ...] = ()  # the optional telemetry fields the rules lacked
 
     def __str__(self) -> str:
         return self.level if not self.reasons else f"{self.level}: {', '.join(self.reasons)}"
@@ -31,7 +35,8 @@ def health_status(sample: TelemetrySample) -> HealthStatus:
         return HealthStatus("lost", ("fell off the bus",))
     critical: list[str] = []
     warn: list[str] = []
-    xids = sorted(set(sample.xids) & CRITICAL_XIDS)
+    unreadable = tuple(sorted(sample.unreadable_fields()))
+    xids = sorted(set(sample.xids or ()) & CRITICAL_XIDS)
     if xids:
         critical.append("XID " + "/".join(str(x) for x in xids))
     if sample.remapped_rows_failure:
@@ -44,13 +49,13 @@ def health_status(sample: TelemetrySample) -> HealthStatus:
         warn.append(f"{sample.temperature_c:.0f} C")
     throttles = [
         r
-        for r in sample.clock_event_reasons
+        for r in sample.clock_event_reasons or ()
         if r in ("HwSlowdown", "HwThermalSlowdown", "SwThermalSlowdown", "HwPowerBrakeSlowdown")
     ]
     if throttles:
         warn.append("throttled " + "/".join(throttles))
     if critical:
-        return HealthStatus("critical", tuple(critical + warn))
+        return HealthStatus("critical", tuple(critical + warn), unreadable)
     if warn:
-        return HealthStatus("warn", tuple(warn))
-    return HealthStatus("ok", ())
+        return HealthStatus("warn", tuple(warn), unreadable)
+    return HealthStatus("ok", (), unreadable)

@@ -6,8 +6,10 @@ and says which it chose and why, so nobody wonders what they are looking at.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
 from pathlib import Path
 
 from gpuflow.hardware.backend import Backend, InvalidRequestError
@@ -55,9 +57,7 @@ def get_backend(name: str | None = None, spec_path: Path | None = None) -> Backe
     chosen, reason = resolve_backend_name(name)
     log.info("gpuflow backend: %s (%s)", chosen, reason)
     if chosen == "nvml":
-        from gpuflow.hardware.nvml import NvmlBackend
-
-        return NvmlBackend()
+        return process_nvml_backend()
     if chosen == "hygon":
         from gpuflow.hardware.hygon import HygonBackend
 
@@ -65,3 +65,39 @@ def get_backend(name: str | None = None, spec_path: Path | None = None) -> Backe
     from gpuflow.hardware.sim import SimBackend
 
     return SimBackend(spec_path=spec_path)
+
+
+_shared_lock = threading.Lock()
+_shared: dict[int, Backend] = {}  # pid -> that process's NVML backend
+_atexit_registered = False
+
+
+def process_nvml_backend() -> Backend:
+    """This process's one NVML backend: one nvmlInit and one XID event set kept from one
+    monitor round to the next (a backend per call would register a new event set each
+    time and miss the XIDs in between), shut down when the process exits. A forked child
+    opens its own: NVML handles do not cross fork."""
+    global _atexit_registered
+    from gpuflow.hardware.nvml import NvmlBackend
+
+    pid = os.getpid()
+    with _shared_lock:
+        backend = _shared.get(pid)
+        if isinstance(backend, NvmlBackend) and not backend.closed:
+            return backend
+        _shared.clear()  # another pid's entry is a parent's: never use or close it here
+        backend = NvmlBackend()
+        _shared[pid] = backend
+        if not _atexit_registered:
+            atexit.register(close_process_backends)
+            _atexit_registered = True
+        return backend
+
+
+def close_process_backends() -> None:
+    """Close this process's shared NVML backend (at exit; tests call it too)."""
+    with _shared_lock:
+        backend = _shared.pop(os.getpid(), None)
+        _shared.clear()
+    if backend is not None:
+        backend.close()

@@ -2,57 +2,115 @@
 
 Sources (see docs/hardware.md and ../shared/DESIGN.md section 4): NVML names and PCI
 device ids as mig-parted uses them; clock and power ranges read from real
-``nvidia-smi -q`` logs; MIG profile ids, counts and placements from NVIDIA's MIG user
-guide. Figures marked ``estimate`` in ``SkuSpec.estimates`` have no public measurement
-behind them (Hygon above all) and are the twin's assumptions.
+``nvidia-smi -q`` logs; memory, bandwidth and throughput of the boards without a log from
+NVIDIA's datasheets; MIG profile ids, counts and placements from NVIDIA's MIG user guide
+and real ``nvidia-smi mig -lgip/-lgipp`` output (A30). Fields listed in
+``SkuSpec.estimates`` have no public measurement behind them (Hygon above all) and are
+the twin's assumptions. On real GPUs NVML's own MIG profiles come first, MIG on or off;
+these tables are the fallback (drivers that answer nothing with MIG off) and the twin's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError, PartitionProfile, Vendor
 
-# (NVML enum name, GI profile id, compute slices, memory slices, max count, placement starts)
-# Placements are the A100 rules of NVIDIA's MIG user guide; H100/H200 publish the same
-# start:size table. They live per SKU so a SKU with other rules only edits its own row.
-_MIG_GEOMETRY: tuple[tuple[str, int, int, int, int, tuple[int, ...]], ...] = (
-    ("1_SLICE", 19, 1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),
-    ("1_SLICE_REV1", 20, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-    ("1_SLICE_REV2", 15, 1, 2, 4, (0, 2, 4, 6)),
-    ("2_SLICE", 14, 2, 2, 3, (0, 2, 4)),
-    ("3_SLICE", 9, 3, 4, 2, (0, 4)),
-    ("4_SLICE", 5, 4, 4, 1, (0,)),
-    ("7_SLICE", 0, 7, 8, 1, (0,)),
+
+@dataclass(frozen=True)
+class MigSlot:
+    """One GPU-instance profile of a MIG geometry, as nvidia-smi lists it (-lgip, -lgipp)."""
+
+    enum: str  # NVML_GPU_INSTANCE_PROFILE_<enum>, what nvmlDeviceGetGpuInstanceProfileInfo takes
+    profile_id: int  # the GI profile id every other call takes (19 for 1g.5gb on an A100)
+    compute_slices: int
+    memory_slices: int  # also the placement size
+    max_count: int
+    starts: tuple[int, ...]  # legal placement starts, in memory slices
+
+
+@dataclass(frozen=True)
+class MigGeometry:
+    """A MIG-capable chip's slices and GI profiles; the profile names depend on memory."""
+
+    compute_slices: int
+    memory_slices: int
+    slots: tuple[MigSlot, ...]
+
+    def enum_names(self) -> tuple[str, ...]:
+        return tuple(s.enum for s in self.slots)
+
+
+def _slots(*rows: tuple[str, int, int, int, int, tuple[int, ...]]) -> tuple[MigSlot, ...]:
+    return tuple(MigSlot(*r) for r in rows)
+
+
+# GA100/GH100 (A100, A800, H100, H800, H20, H200, GH200): 7 compute and 8 memory slices.
+# Placements are the A100 rules of NVIDIA's MIG user guide; Hopper publishes the same
+# start:size table.
+A100_MIG_GEOMETRY = MigGeometry(
+    7,
+    8,
+    _slots(
+        ("1_SLICE", 19, 1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),
+        ("1_SLICE_REV1", 20, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        ("1_SLICE_REV2", 15, 1, 2, 4, (0, 2, 4, 6)),
+        ("2_SLICE", 14, 2, 2, 3, (0, 2, 4)),
+        ("3_SLICE", 9, 3, 4, 2, (0, 4)),
+        ("4_SLICE", 5, 4, 4, 1, (0,)),
+        ("7_SLICE", 0, 7, 8, 1, (0,)),
+    ),
 )
-MIG_COMPUTE_SLICES = 7
-MIG_MEMORY_SLICES = 8
+# A30: 4 compute and 4 memory slices. Ids and placements from a real A30's
+# `nvidia-smi mig -lgip` / `-lgipp` (driver 535); counts from NVIDIA's MIG user guide.
+A30_MIG_GEOMETRY = MigGeometry(
+    4,
+    4,
+    _slots(
+        ("1_SLICE", 14, 1, 1, 4, (0, 1, 2, 3)),
+        ("1_SLICE_REV1", 21, 1, 1, 1, (0, 1, 2, 3)),
+        ("2_SLICE", 5, 2, 2, 2, (0, 2)),
+        ("2_SLICE_REV1", 6, 2, 2, 1, (0, 2)),
+        ("4_SLICE", 0, 4, 4, 1, (0,)),
+    ),
+)
+# The A100-class totals, which most of the fleet has (the scheduler's share of a GPU).
+MIG_COMPUTE_SLICES = A100_MIG_GEOMETRY.compute_slices
+MIG_MEMORY_SLICES = A100_MIG_GEOMETRY.memory_slices
 
 
-def _mig_profiles(names: tuple[str, ...], memory_total_mb: int) -> tuple[PartitionProfile, ...]:
-    slice_mb = memory_total_mb // MIG_MEMORY_SLICES
-    out = []
-    for name, (_enum, gi_id, cslices, mslices, max_count, starts) in zip(
-        names, _MIG_GEOMETRY, strict=True
-    ):
-        out.append(
-            PartitionProfile(
-                name=name,
-                kind="mig",
-                profile_id=gi_id,
-                compute_slices=cslices,
-                memory_mb=mslices * slice_mb,
-                max_count=max_count,
-                placement_starts=starts,
-                placement_size=mslices,
-            )
+def build_mig_profiles(
+    names: tuple[str, ...],
+    memory_total_mb: int,
+    geometry: MigGeometry = A100_MIG_GEOMETRY,
+    memory_mb: tuple[int, ...] | None = None,
+) -> tuple[PartitionProfile, ...]:
+    """PartitionProfiles of ``geometry`` named ``names`` (in slot order).
+
+    Memory is slices x (total / memory slices) unless ``memory_mb`` gives what a real card
+    reports per profile.
+    """
+    slice_mb = memory_total_mb // geometry.memory_slices
+    sizes = memory_mb or tuple(s.memory_slices * slice_mb for s in geometry.slots)
+    return tuple(
+        PartitionProfile(
+            name=name,
+            kind="mig",
+            profile_id=s.profile_id,
+            compute_slices=s.compute_slices,
+            memory_mb=mb,
+            max_count=s.max_count,
+            placement_starts=s.starts,
+            placement_size=s.memory_slices,
         )
-    return tuple(out)
+        for name, s, mb in zip(names, geometry.slots, sizes, strict=True)
+    )
 
 
-def mig_enum_names() -> tuple[str, ...]:
-    """NVML enum suffixes (NVML_GPU_INSTANCE_PROFILE_<name>) in table order."""
-    return tuple(g[0] for g in _MIG_GEOMETRY)
+def mig_enum_names(geometry: MigGeometry = A100_MIG_GEOMETRY) -> tuple[str, ...]:
+    """NVML enum suffixes (NVML_GPU_INSTANCE_PROFILE_<name>) in slot order."""
+    return geometry.enum_names()
 
 
 @dataclass(frozen=True)
@@ -78,6 +136,7 @@ class SkuSpec:
     thermal_time_constant_s: float
     pci_device_id: str | None = None
     mig_profiles: tuple[PartitionProfile, ...] = ()
+    mig_geometry: MigGeometry | None = None  # the slots mig_profiles were built from
     vdcu_max_count: int = 0
     compute_units: int = 0  # Hygon CUs, the vDCU compute budget
     estimates: tuple[str, ...] = field(default=())  # fields without a public source
@@ -125,8 +184,13 @@ def _a100_40() -> SkuSpec:
         thermal_resistance_c_per_w=0.1,
         thermal_time_constant_s=60,
         pci_device_id="0x20B010DE",
-        mig_profiles=_mig_profiles(
-            ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"), mem
+        mig_geometry=A100_MIG_GEOMETRY,
+        mig_profiles=build_mig_profiles(
+            ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+            mem,
+            # What the card reports per instance (`nvidia-smi mig -lgip` in NVIDIA's MIG
+            # user guide: 4.75, 9.75, 19.62, 39.50 GiB), a little under slices x 1/8.
+            memory_mb=(4864, 4864, 9984, 9984, 20096, 20096, 40448),
         ),
         estimates=("thermal_resistance_c_per_w", "thermal_time_constant_s"),
     )
@@ -134,20 +198,16 @@ def _a100_40() -> SkuSpec:
 
 def _a100_80() -> SkuSpec:
     mem = 81920
-    base = _a100_40()
-    return SkuSpec(
-        **{
-            **base.__dict__,
-            "name": "NVIDIA A100-SXM4-80GB",
-            "memory_total_mb": mem,
-            "mem_clock_mhz": 1593,
-            "memory_bandwidth_gbps": 2039,
-            "pci_device_id": "0x20B210DE",
-            "mig_profiles": _mig_profiles(
-                ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-                mem,
-            ),
-        }
+    return replace(
+        _a100_40(),
+        name="NVIDIA A100-SXM4-80GB",
+        memory_total_mb=mem,
+        mem_clock_mhz=1593,
+        memory_bandwidth_gbps=2039,
+        pci_device_id="0x20B210DE",
+        mig_profiles=build_mig_profiles(
+            ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"), mem
+        ),
     )
 
 
@@ -174,8 +234,12 @@ def _h100() -> SkuSpec:
         thermal_resistance_c_per_w=0.06,
         thermal_time_constant_s=60,
         pci_device_id="0x233010DE",
-        mig_profiles=_mig_profiles(
-            ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"), mem
+        mig_geometry=A100_MIG_GEOMETRY,
+        mig_profiles=build_mig_profiles(
+            ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+            mem,
+            # Per instance as the card reports it (NVIDIA's MIG user guide, H100 80GB).
+            memory_mb=(9984, 9984, 20096, 20096, 40448, 40448, 81152),
         ),
         estimates=(
             "thermal_resistance_c_per_w",
@@ -190,20 +254,213 @@ def _h100() -> SkuSpec:
 def _h200() -> SkuSpec:
     mem = 143771  # MiB as NVML reports it
     base = _h100()
+    return replace(
+        base,
+        name="NVIDIA H200",
+        memory_total_mb=mem,
+        mem_clock_mhz=3201,
+        memory_bandwidth_gbps=4800,
+        pci_device_id="0x233510DE",
+        mig_profiles=build_mig_profiles(
+            ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"), mem
+        ),
+        estimates=base.estimates + ("power_min_limit_mw", "power_idle_mw"),
+    )
+
+
+# -- more GA100/GH100 boards -----------------------------------------------------------
+# Names as NVML reports them and PCI ids as mig-parted's config-default.yaml lists them;
+# memory, bandwidth, TFLOPS and power ceilings from NVIDIA's datasheets. Each is derived
+# from the closest board above; what no log or datasheet of that board gives is carried
+# over (_CARRIED: from the A100/H100 SXM logs) and listed in ``estimates``.
+_MIG_A100_40 = ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+_MIG_80 = ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+_MIG_94 = ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb")
+_MIG_96 = ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb")
+_MIG_144 = ("1g.18gb", "1g.18gb+me", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb")
+_CARRIED = ("sm_clock_min_mhz", "sm_clock_default_app_mhz", "power_min_limit_mw", "power_idle_mw")
+
+
+def _variant(
+    base: SkuSpec, mig_names: tuple[str, ...], extra_estimates: tuple[str, ...], **changes: Any
+) -> SkuSpec:
+    mem = changes.get("memory_total_mb", base.memory_total_mb)
+    profiles = build_mig_profiles(mig_names, mem, A100_MIG_GEOMETRY)
+    estimates = tuple(dict.fromkeys(base.estimates + extra_estimates))
+    return replace(base, mig_profiles=profiles, estimates=estimates, **changes)
+
+
+def _a800_80() -> SkuSpec:
+    # A800: the A100-80GB with NVLink cut to 400 GB/s (export variant); same datasheet
+    # memory, clocks, 400 W and throughput.
+    return _variant(
+        _a100_80(), _MIG_80, _CARRIED, name="NVIDIA A800-SXM4-80GB", pci_device_id="0x20F310DE"
+    )
+
+
+def _a100_pcie_40() -> SkuSpec:
+    return _variant(
+        _a100_40(),
+        _MIG_A100_40,
+        (*_CARRIED, "mem_clock_mhz"),
+        name="NVIDIA A100-PCIE-40GB",
+        pci_device_id="0x20F110DE",
+        power_min_limit_mw=150_000,
+        power_max_limit_mw=250_000,
+        power_idle_mw=35_000,
+    )
+
+
+def _a100_pcie_80() -> SkuSpec:
+    return _variant(
+        _a100_80(),
+        _MIG_80,
+        (*_CARRIED, "mem_clock_mhz"),
+        name="NVIDIA A100 80GB PCIe",
+        pci_device_id="0x20B510DE",
+        mem_clock_mhz=1512,
+        memory_bandwidth_gbps=1935,
+        power_min_limit_mw=150_000,
+        power_max_limit_mw=300_000,
+        power_idle_mw=40_000,
+    )
+
+
+def _h800() -> SkuSpec:
+    # H800 SXM: the H100 SXM with NVLink cut to 400 GB/s. "name": NVML's spelling unseen.
+    return _variant(
+        _h100(), _MIG_80, (*_CARRIED, "name"), name="NVIDIA H800", pci_device_id="0x232410DE"
+    )
+
+
+def _h100_pcie() -> SkuSpec:
+    # HBM2e at 2.0 TB/s, 1755 MHz boost, 350 W, 51 TFLOPS fp32, 756 dense bf16.
+    return _variant(
+        _h100(),
+        _MIG_80,
+        (*_CARRIED, "mem_clock_mhz"),
+        name="NVIDIA H100 PCIe",
+        pci_device_id="0x233110DE",
+        sm_clock_max_mhz=1755,
+        sm_clock_default_app_mhz=1755,
+        mem_clock_mhz=1593,
+        memory_bandwidth_gbps=2000,
+        fp32_tflops=51,
+        reduced_tflops=756,
+        power_max_limit_mw=350_000,
+        power_idle_mw=50_000,
+    )
+
+
+def _h100_nvl() -> SkuSpec:
+    # 94 GB HBM3 at 3.9 TB/s, 1785 MHz boost, 350-400 W, 60 TFLOPS fp32, 835 dense bf16.
+    # NVML's total (95830 MiB) is inferred: the only total that names mig-parted's 3g.47gb.
+    return _variant(
+        _h100(),
+        _MIG_94,
+        (*_CARRIED, "memory_total_mb", "mem_clock_mhz"),
+        name="NVIDIA H100 NVL",
+        pci_device_id="0x232110DE",
+        memory_total_mb=95830,
+        sm_clock_max_mhz=1785,
+        sm_clock_default_app_mhz=1785,
+        memory_bandwidth_gbps=3938,
+        fp32_tflops=60,
+        reduced_tflops=835,
+        power_max_limit_mw=400_000,
+        power_idle_mw=60_000,
+    )
+
+
+def _h20() -> SkuSpec:
+    # H20 (export variant): 96 GB HBM3 at 4.0 TB/s, 400 W, 44 TFLOPS fp32, 148 dense bf16.
+    # Clocks are not published; NVML's total is taken from the GH200 (same 96 GB stack).
+    return _variant(
+        _h100(),
+        _MIG_96,
+        (*_CARRIED, "memory_total_mb", "sm_clock_max_mhz", "mem_clock_mhz"),
+        name="NVIDIA H20",
+        pci_device_id="0x232910DE",
+        memory_total_mb=97871,
+        memory_bandwidth_gbps=4000,
+        fp32_tflops=44,
+        reduced_tflops=148,
+        power_max_limit_mw=400_000,
+        power_idle_mw=60_000,
+    )
+
+
+def _gh200() -> SkuSpec:
+    # The Hopper GPU of a GH200 superchip: 96 GB HBM3 at 4.0 TB/s (NVML reports 97871 MiB);
+    # H100 SXM compute. The module's 450-1000 W covers CPU and GPU together, so the GPU's
+    # own limit range is an estimate.
+    return _variant(
+        _h100(),
+        _MIG_96,
+        (*_CARRIED, "power_max_limit_mw", "mem_clock_mhz"),
+        name="NVIDIA GH200 480GB",
+        pci_device_id="0x234210DE",
+        memory_total_mb=97871,
+        memory_bandwidth_gbps=4000,
+        power_max_limit_mw=900_000,
+    )
+
+
+def _gh200_144() -> SkuSpec:
+    # GH200 with 144 GB HBM3e at 4.9 TB/s; NVML's total is inferred from the 7g.144gb name.
+    return _variant(
+        _gh200(),
+        _MIG_144,
+        ("memory_total_mb", "name"),
+        name="NVIDIA GH200 144G HBM3e",
+        pci_device_id="0x234810DE",
+        memory_total_mb=146944,
+        mem_clock_mhz=3201,
+        memory_bandwidth_gbps=4900,
+    )
+
+
+def _a30() -> SkuSpec:
+    mem = 24576  # MiB as NVML reports it (a real A30's nvidia-smi)
     return SkuSpec(
-        **{
-            **base.__dict__,
-            "name": "NVIDIA H200",
-            "memory_total_mb": mem,
-            "mem_clock_mhz": 3201,
-            "memory_bandwidth_gbps": 4800,
-            "pci_device_id": "0x233510DE",
-            "mig_profiles": _mig_profiles(
-                ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-                mem,
-            ),
-            "estimates": base.estimates + ("power_min_limit_mw", "power_idle_mw"),
-        }
+        name="NVIDIA A30",
+        vendor="NVIDIA",
+        memory_total_mb=mem,
+        sm_clock_min_mhz=210,
+        sm_clock_max_mhz=1440,
+        sm_clock_default_app_mhz=1440,
+        mem_clock_mhz=1215,
+        power_min_limit_mw=100_000,
+        power_max_limit_mw=165_000,
+        power_idle_mw=30_000,
+        memory_bandwidth_gbps=933,
+        fp32_tflops=10.3,
+        reduced_tflops=165,
+        supports_bf16=True,
+        supports_fp16=True,
+        slowdown_temp_c=92,
+        shutdown_temp_c=95,
+        thermal_resistance_c_per_w=0.2,
+        thermal_time_constant_s=60,
+        pci_device_id="0x20B710DE",
+        mig_geometry=A30_MIG_GEOMETRY,
+        # Memory per profile as the real A30 reports it (5.81 / 11.69 / 23.44 GiB).
+        mig_profiles=build_mig_profiles(
+            ("1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"),
+            mem,
+            A30_MIG_GEOMETRY,
+            memory_mb=(5952, 5952, 11968, 11968, 24000),
+        ),
+        estimates=(
+            "sm_clock_min_mhz",
+            "sm_clock_default_app_mhz",
+            "power_min_limit_mw",
+            "power_idle_mw",
+            "slowdown_temp_c",
+            "shutdown_temp_c",
+            "thermal_resistance_c_per_w",
+            "thermal_time_constant_s",
+        ),
     )
 
 
@@ -295,7 +552,25 @@ def _hygon_k100() -> SkuSpec:
 
 SKUS: dict[str, SkuSpec] = {
     s.name: s
-    for s in (_a100_40(), _a100_80(), _h100(), _h200(), _v100(), _hygon_z100(), _hygon_k100())
+    for s in (
+        _a100_40(),
+        _a100_80(),
+        _h100(),
+        _h200(),
+        _v100(),
+        _hygon_z100(),
+        _hygon_k100(),
+        _a800_80(),
+        _a100_pcie_40(),
+        _a100_pcie_80(),
+        _h800(),
+        _h100_pcie(),
+        _h100_nvl(),
+        _h20(),
+        _gh200(),
+        _gh200_144(),
+        _a30(),
+    )
 }
 
 # Short names people type in cluster specs and requests.
@@ -307,6 +582,16 @@ SKU_ALIASES: dict[str, str] = {
     "v100": "Tesla V100-SXM2-32GB",
     "dcu-z100": "Hygon DCU Z100",
     "dcu-k100": "Hygon DCU K100",
+    "a800-80gb": "NVIDIA A800-SXM4-80GB",
+    "a100-pcie-40gb": "NVIDIA A100-PCIE-40GB",
+    "a100-pcie-80gb": "NVIDIA A100 80GB PCIe",
+    "h800": "NVIDIA H800",
+    "h100-pcie": "NVIDIA H100 PCIe",
+    "h100-nvl": "NVIDIA H100 NVL",
+    "h20": "NVIDIA H20",
+    "gh200": "NVIDIA GH200 480GB",
+    "gh200-144gb": "NVIDIA GH200 144G HBM3e",
+    "a30": "NVIDIA A30",
 }
 
 

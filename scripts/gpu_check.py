@@ -98,10 +98,20 @@ def check_device(b: NvmlBackend, dev: DeviceInfo, sleep_s: float, report: Report
         profiles = report.run(f"{tag}.mig_profiles", lambda: b.partition_profiles(node, i))
         report.check(f"{tag}.no_mig_profiles", profiles == [], "no MIG: no profiles")
 
+    fields = report.run(f"{tag}.telemetry_fields", lambda: b.telemetry_fields(node, i))
+    out["telemetry_fields"] = sorted(fields) if fields is not None else None
     sample = report.run(f"{tag}.telemetry", lambda: b.telemetry(node, i))
     out["telemetry"] = sample.to_dict() if sample else None
     if sample is not None:
         report.check(f"{tag}.present", sample.present)
+        if fields is not None:
+            # What the probe declared readable is exactly what the sample carries.
+            unreadable = sorted(sample.unreadable_fields())
+            report.check(
+                f"{tag}.telemetry_fields_honoured",
+                not (set(unreadable) & fields),
+                f"reads {sorted(fields)}; unreadable {unreadable}",
+            )
         report.check(
             f"{tag}.memory_total",
             sample.memory_total_mb == dev.memory_total_mb,

@@ -47,6 +47,9 @@ def fleet_rows(backend: Backend) -> list[dict[str, Any]]:
                     "memory_used_mb": sample.memory_used_mb if sample else None,
                     "health": status.level,
                     "health_reasons": list(status.reasons),
+                    # Optional fields this device's backend cannot read (e.g. ECC and XIDs
+                    # on a hy-smi DCU): its "ok" says nothing about those signals.
+                    "telemetry_unreadable": sorted(sample.unreadable_fields()) if sample else [],
                 }
             )
     return rows

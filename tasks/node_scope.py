@@ -8,6 +8,7 @@ sampled nor touched, and a request for one fails naming the node this view owns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpuflow.hardware.backend import Backend, InvalidRequestError, NodeInfo
@@ -64,11 +65,14 @@ class NodeView(Backend):
         return [n for n in self.inner.discover() if n.name == self.node]
 
     telemetry = _OnOwnNode()
+    telemetry_fields = _OnOwnNode()
     energy_mj = _OnOwnNode()
     partition_profiles = _OnOwnNode()
     partitions = _OnOwnNode()
     partition_mode = _OnOwnNode()
+    partition_mode_state = _OnOwnNode()
     set_partition_mode = _OnOwnNode()
+    device_processes = _OnOwnNode()
     create_partitions = _OnOwnNode()
     destroy_partitions = _OnOwnNode()
     clocks = _OnOwnNode()
@@ -78,6 +82,12 @@ class NodeView(Backend):
     power_limits = _OnOwnNode()
     set_power_limit_mw = _OnOwnNode()
     report_workload = _OnOwnNode()
+
+    def reset_devices(self, devices: Sequence[tuple[str, int]]) -> None:
+        others = sorted({n for n, _ in devices} - {self.node})
+        if others:
+            raise InvalidRequestError(f"node(s) {others} are not this view's node {self.node!r}")
+        self.inner.reset_devices(devices)
 
     def end_workload(self, owner: str) -> None:
         self.inner.end_workload(owner)

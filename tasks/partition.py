@@ -13,6 +13,7 @@ from gpuflow.hardware.partition import (
     load_plan,
     plan_layouts,
 )
+from gpuflow.hardware.partition.guard import InventoryGuard
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -35,20 +36,21 @@ def snapshot_node(cluster: GpuCluster, node: str) -> str:
 def apply_node(cluster: GpuCluster, plan_path: str, config: str, node: str) -> dict[str, Any]:
     """Apply the plan to one node; apply_plan restores that node itself if a step fails."""
     backend = cluster.get_backend()
-    report = apply_plan(backend, load_plan(Path(plan_path)), config, nodes=[node])
-    cluster.get_inventory().sync(backend)
+    guard = InventoryGuard(cluster.get_inventory())  # busy devices refused, re-synced after
+    report = apply_plan(backend, load_plan(Path(plan_path)), config, nodes=[node], guard=guard)
     return {
         "node": node,
         "changed": [d.index for d in report.devices if d.changed],
         "unchanged": [d.index for d in report.devices if not d.changed],
+        "jobs_requeued": report.settled.get("jobs_requeued", []),
     }
 
 
 def restore_node(cluster: GpuCluster, node: str, snapshot_yaml: str) -> None:
     """Put a node back to a snapshot taken before the flow changed it."""
     backend = cluster.get_backend()
-    apply_plan(backend, load_plan(snapshot_yaml), "current", nodes=[node])
-    cluster.get_inventory().sync(backend)
+    guard = InventoryGuard(cluster.get_inventory())
+    apply_plan(backend, load_plan(snapshot_yaml), "current", nodes=[node], guard=guard)
 
 
 def layout_rows(cluster: GpuCluster, nodes: list[str]) -> list[dict[str, Any]]:

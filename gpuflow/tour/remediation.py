@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
@@ -103,11 +103,17 @@ def predicted_fault_tour(
         events: list[dict[str, Any]] = []
 
         def keep(
-            n: str, i: int, risk: float, features: dict[str, float], sku: str, reason: str = "model"
+            n: str,
+            i: int,
+            risk: float,
+            features: dict[str, float],
+            sku: str,
+            reason: str = "model",
+            missing: Sequence[str] = (),
         ) -> str:
             # In place of emit_health_risk (see the module docstring): the same payload,
             # validated, and an id of the tour's own.
-            payload = health_risk_payload(n, i, risk, features, sku, reason)
+            payload = health_risk_payload(n, i, risk, features, sku, reason, missing)
             event_id = str(uuid.uuid4())
             events.append({"node": n, "index": i, "payload": payload, "event_id": event_id})
             return event_id

@@ -149,6 +149,11 @@ class HygonBackend(Backend):
         dcu = self._dcu(node, index)
         return telemetry.sample(self._hy, self.node_name, dcu, self._energy, self._clock)
 
+    def telemetry_fields(self, node: str, index: int) -> frozenset[str]:
+        """hy-smi gives none of the optional fields (hardware.telemetry_fields.HY_SMI)."""
+        self._dcu(node, index)
+        return telemetry.HY_SMI
+
     # -- partitions ------------------------------------------------------------------------
     def partition_profiles(self, node: str, index: int) -> list[PartitionProfile]:
         dcu = self._dcu(node, index)
@@ -170,6 +175,10 @@ class HygonBackend(Backend):
         return self._partitions(self._dcu(node, index))
 
     def partition_mode(self, node: str, index: int) -> bool:
+        """True exactly while the DCU has vDCUs or MIG instances: hy-smi reports no per-DCU
+        mode (vDCUs are carved with none; MIG mode is node-wide). The twin answers the same,
+        and plans refuse "mig-enabled: true" with nothing to carve on a DCU
+        (hardware/partition/select.py, rule no-partition-mode)."""
         return bool(self.partitions(node, index))
 
     def set_partition_mode(self, node: str, index: int, enabled: bool) -> None:

@@ -1,7 +1,7 @@
 """One TelemetrySample from hy-smi's ``--json`` show flags, with an estimated energy counter.
 
-Not reported by hy-smi (left at the TelemetrySample defaults): ECC counts, retired pages,
-remapped rows, clock-event reasons and XIDs. hy-smi has no energy counter that a public
+Not in the output these flags give (None in every sample, hardware.telemetry_fields.HY_SMI):
+ECC counts, retired pages, remapped rows, clock-event reasons and XIDs. hy-smi has no energy counter that a public
 sample shows, so ``energy_mj`` is an estimate: the trapezoidal integral of the power
 readings one backend instance has taken; it starts at 0 and only grows.
 """
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.hardware.backend import TELEMETRY_FIELDS, TelemetrySample
 from gpuflow.hardware.hygon import parse as hp
 from gpuflow.hardware.hygon.command import HySmi
 from gpuflow.hardware.hygon.fields import (
@@ -27,6 +27,10 @@ from gpuflow.hardware.hygon.fields import (
     F_USE,
 )
 from gpuflow.hardware.hygon.inventory import Dcu
+from gpuflow.hardware.telemetry_fields import HY_SMI
+
+# Every optional field hy-smi cannot give, as None: absent, not "no errors".
+UNREADABLE: dict[str, None] = {f: None for f in TELEMETRY_FIELDS - HY_SMI}
 
 TELEMETRY_ARGS = (
     "--showtemp",
@@ -80,6 +84,7 @@ def sample(
             memory_total_mb=dcu.memory_total_mb,
             sm_clock_mhz=0,
             power_limit_mw=0,
+            **UNREADABLE,
         )
     card, raw = cards[index], proc.stdout
 
@@ -120,4 +125,5 @@ def sample(
         memory_total_mb=total,
         sm_clock_mhz=hp.clock_mhz(sclk, what, raw) if sclk else 0,
         power_limit_mw=int(round(cap_w * 1000)) if cap_w is not None else 0,
+        **UNREADABLE,
     )

@@ -149,7 +149,9 @@ class FleetMixin(StoreBase):
             return None
         fields = dict(data)
         for name in _TUPLE_FIELDS:
-            fields[name] = tuple(fields.get(name, ()))
+            # JSON keeps lists; null is a field the device's backend cannot read.
+            value = fields.get(name, ())
+            fields[name] = None if value is None else tuple(value)
         return TelemetrySample(**fields)
 
     def set_device_health(

@@ -457,9 +457,14 @@ class _LeaseFacts:
         d_t, p_t, n_t = schema.devices, schema.partitions, schema.nodes
         c_t, l_t = schema.cordons, schema.leases
         out = cls()
+        # FOR SHARE: a reservation for a partition apply (maintenance.py) locks these rows
+        # FOR UPDATE, so a lease and a reservation of one device never both succeed.
         for chunk in in_chunks(ids):
             out.devices.update(
-                (r.uuid, r) for r in conn.execute(select(d_t).where(d_t.c.uuid.in_(chunk)))
+                (r.uuid, r)
+                for r in conn.execute(
+                    select(d_t).where(d_t.c.uuid.in_(chunk)).with_for_update(read=True)
+                )
             )
         rest = [r for r in ids if r not in out.devices]
         for chunk in in_chunks(rest):
@@ -469,7 +474,10 @@ class _LeaseFacts:
         parents = sorted({p.device_uuid for p in out.partitions.values()} - set(out.devices))
         for chunk in in_chunks(parents):
             out.devices.update(
-                (r.uuid, r) for r in conn.execute(select(d_t).where(d_t.c.uuid.in_(chunk)))
+                (r.uuid, r)
+                for r in conn.execute(
+                    select(d_t).where(d_t.c.uuid.in_(chunk)).with_for_update(read=True)
+                )
             )
         names = sorted({d.node for d in out.devices.values()})
         for chunk in in_chunks(names):

@@ -8,6 +8,7 @@ from gpuflow.hardware.inventory.journal import JournalMixin
 from gpuflow.hardware.inventory.leases import LeaseMixin
 from gpuflow.hardware.inventory.lifecycle import LifecycleMixin
 from gpuflow.hardware.inventory.locks import LockMixin
+from gpuflow.hardware.inventory.maintenance import MaintenanceMixin
 from gpuflow.hardware.inventory.snapshot import SnapshotMixin
 from gpuflow.hardware.inventory.sync import SyncMixin
 
@@ -18,6 +19,7 @@ class Inventory(
     LeaseMixin,
     LockMixin,
     ControlMixin,
+    MaintenanceMixin,
     LifecycleMixin,
     SnapshotMixin,
     JournalMixin,

@@ -24,12 +24,13 @@ from gpuflow.hardware.backend import (
     InvalidRequestError,
     NodeInfo,
     Partition,
+    PartitionModeState,
     PartitionProfile,
     PartitionRequest,
     PowerLimits,
     TelemetrySample,
 )
-from gpuflow.hardware.nvml import control, mig, mig_profiles, telemetry
+from gpuflow.hardware.nvml import control, mig, mig_profiles, reset, telemetry
 from gpuflow.hardware.nvml.device import NvmlDevice
 from gpuflow.hardware.nvml.session import NvmlSession, describe, import_pynvml, probe
 from gpuflow.hardware.nvml.telemetry import EccCounter, XidEvents
@@ -53,6 +54,7 @@ class NvmlBackend(Backend):
         region: str | None = None,
         nvml: Any | None = None,
         ecc_counter: EccCounter = "volatile",
+        run_command: reset.CommandRunner = reset.run_command,
     ) -> None:
         if ecc_counter not in ("volatile", "aggregate"):
             raise InvalidRequestError(
@@ -61,6 +63,7 @@ class NvmlBackend(Backend):
         self.node = node_name or socket.gethostname()
         self.region = region or os.environ.get("GPUFLOW_REGION", "local")
         self.ecc_counter: EccCounter = ecc_counter
+        self._run_command = run_command  # nvidia-smi, for resets (tests pass a stand-in)
         self._session = NvmlSession(nvml if nvml is not None else import_pynvml(), self.node)
         self._open = False
         self._session.init()
@@ -68,6 +71,9 @@ class NvmlBackend(Backend):
         self._info: dict[int, DeviceInfo] = {}
         # NVML has no getter for locked clocks: remember what this process set.
         self._locked: dict[int, tuple[int, int]] = {}
+        # The optional fields each GPU answers for, probed on first use: what a GPU
+        # supports does not change while the driver is loaded.
+        self._fields: dict[int, frozenset[str]] = {}
         self._xids = XidEvents(self._session)
         try:
             # Register at start so XIDs between now and the first sample are kept.
@@ -82,6 +88,10 @@ class NvmlBackend(Backend):
     def available(cls, nvml: Any | None = None) -> tuple[bool, str]:
         """(True, what answered) when an NVIDIA driver answers NVML, else (False, why)."""
         return probe(nvml)
+
+    @property
+    def closed(self) -> bool:
+        return not self._open
 
     def close(self) -> None:
         """Free the event sets and shut NVML down; safe to call twice."""
@@ -139,7 +149,7 @@ class NvmlBackend(Backend):
 
     # -- MIG -------------------------------------------------------------------------
     def nvml_partition_profiles(self, node: str, index: int) -> list[PartitionProfile]:
-        """Only what NVML itself lists: [] while MIG mode is off or without MIG."""
+        """Only what NVML itself lists (MIG on or off), no SKU-table fallback."""
         return mig_profiles.nvml_partition_profiles(self._device(node, index))
 
     def partition_profiles(self, node: str, index: int) -> list[PartitionProfile]:
@@ -156,8 +166,20 @@ class NvmlBackend(Backend):
         mode = mig_profiles.mig_state(self._device(node, index))
         return bool(mode and mode[0])
 
+    def partition_mode_state(self, node: str, index: int) -> PartitionModeState:
+        mode = mig_profiles.mig_state(self._device(node, index))
+        current, pending = mode or (False, False)
+        return PartitionModeState(current=current, pending=pending)
+
     def set_partition_mode(self, node: str, index: int, enabled: bool) -> None:
         mig.set_mig_mode(self._device(node, index), enabled)
+
+    def device_processes(self, node: str, index: int) -> list[str]:
+        return reset.compute_processes(self._device(node, index))
+
+    def reset_devices(self, devices: Sequence[tuple[str, int]]) -> None:
+        """``nvidia-smi -r -i`` the GPUs (see reset.py): a pending MIG mode takes effect."""
+        reset.reset_gpus([self._device(n, i) for n, i in devices], self._run_command)
 
     def create_partitions(
         self, node: str, index: int, requests: Sequence[PartitionRequest]
@@ -169,16 +191,34 @@ class NvmlBackend(Backend):
         mig.destroy_partitions(self._device(node, index), uuids)
 
     # -- telemetry -------------------------------------------------------------------
+    def _probed_fields(self, index: int) -> frozenset[str]:
+        fields = self._fields.get(index)
+        if fields is None:
+            fields = telemetry.probe_fields(
+                self._open_device(index), self.ecc_counter, self._xids.registered(index)
+            )
+            self._fields[index] = fields
+        return fields
+
+    def telemetry_fields(self, node: str, index: int) -> frozenset[str]:
+        """What NVML answers for on this GPU (probed once; see telemetry.probe_fields)."""
+        self._check(node, index)
+        return self._probed_fields(index)
+
     def telemetry(self, node: str, index: int) -> TelemetrySample:
         self._check(node, index)
         xids = self._xids.drain(index)
         now = time.time()
         try:
-            return telemetry.read_sample(self._open_device(index), self.ecc_counter, xids, now)
+            fields = self._probed_fields(index)
+            return telemetry.read_sample(
+                self._open_device(index), self.ecc_counter, xids, now, fields
+            )
         except DeviceLostError:
             known = self._info.get(index)
             total_mb = known.memory_total_mb if known else 0
-            return telemetry.lost_sample(self.node, index, total_mb, xids, now)
+            seen = xids if self._xids.registered(index) else None
+            return telemetry.lost_sample(self.node, index, total_mb, seen, now)
 
     def energy_mj(self, node: str, index: int) -> int:
         return self._device(node, index).energy_mj()

@@ -44,6 +44,29 @@ class NvmlDevice:
         """The PCI device id with the vendor in its low half (0x20B010DE: A100-SXM4-40GB)."""
         return int(self.nvml.nvmlDeviceGetPciInfo(self.handle).pciDeviceId)
 
+    @nvml_call("reading the PCI info")
+    def pci_bus_id(self) -> str:
+        """The PCI bus id as nvidia-smi takes it ("00000000:07:00.0")."""
+        raw = self.nvml.nvmlDeviceGetPciInfo(self.handle).busId
+        return (raw.decode() if isinstance(raw, bytes) else str(raw)).strip("\x00")
+
+    @nvml_call("listing compute processes")
+    def compute_processes(self) -> list[tuple[int, int | None]]:
+        """(pid, memory used in MiB or None) of every compute process on the GPU or its
+        MIG instances (NVML lists a MIG device's processes under its parent GPU)."""
+        out = []
+        for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle):
+            used = getattr(p, "usedGpuMemory", None)
+            # NVML_VALUE_NOT_AVAILABLE (2**64 - 1) where the driver cannot tell (in a VM).
+            mib = None if used is None or used >= (1 << 63) else int(used) // _MIB
+            out.append((int(p.pid), mib))
+        return out
+
+    @nvml_call("reading a process name")
+    def process_name(self, pid: int) -> str:
+        raw = self.nvml.nvmlSystemGetProcessName(pid)
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
     @nvml_call("reading memory info")
     def memory_bytes(self) -> tuple[int, int]:
         """(used, total) bytes of device memory."""

@@ -158,12 +158,14 @@ def list_partitions(dev: NvmlDevice) -> list[tuple[Partition, GpuInstance]]:
 
 
 # -- changes ---------------------------------------------------------------------------
-def set_mig_mode(dev: NvmlDevice, enabled: bool) -> None:
-    """Turn MIG on or off; a change NVML leaves pending (GPU reset needed) is an error."""
+def set_mig_mode(dev: NvmlDevice, enabled: bool) -> tuple[bool, bool]:
+    """Ask for MIG on or off and return (current, pending). NVML activates the mode at
+    once when it can; when a client holds the GPU (DCGM) or it is passed through to a VM
+    the change stays pending until a GPU reset (the apply's reset phase does that)."""
     where = dev.where
     mode = mig_mode(dev)
     if mode == (enabled, enabled):
-        return
+        return mode
     if not enabled and mode[0]:
         existing = list_partitions(dev)
         if existing:
@@ -174,12 +176,9 @@ def set_mig_mode(dev: NvmlDevice, enabled: bool) -> None:
     status = dev.set_mig_mode(enabled)
     current, pending = mig_state(dev) or (False, False)
     if current != enabled:
-        why = f" (activation status: {dev.error_string(status)})" if status else ""
-        raise HardwareError(
-            f"{where}: MIG mode {'enable' if enabled else 'disable'} is pending (current "
-            f"{current}, pending {pending}): a GPU reset is needed to apply it, e.g. "
-            f"nvidia-smi -r -i {dev.index}{why}"
-        )
+        why = f" ({dev.error_string(status)})" if status else ""
+        log.info("%s: MIG mode %s pending a GPU reset%s", where, pending, why)
+    return current, pending
 
 
 def _full_ci_profile(dev: NvmlDevice, gi: Any, slices: int) -> Any:

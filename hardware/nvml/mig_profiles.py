@@ -4,8 +4,13 @@ NVML facts this is built on (DESIGN.md section 4, NVIDIA's nvml.h):
 
 - ``nvmlDeviceGetGpuInstanceProfileInfo`` takes an ``NVML_GPU_INSTANCE_PROFILE_*`` enum;
   every other GI call takes the returned ``info.id`` (19 for 1g.5gb), never the enum.
-- NVML lists GI profiles only while MIG mode is on; before it is enabled, plans use the
-  SKU tables of hardware/skus.py (NVIDIA's published profiles) for a known GPU.
+- The versioned info (v2, with the driver's name) needs MIG mode on. The version-1 info
+  and the possible placements answer on a MIG-capable GPU with MIG off too (nvml.h;
+  drivers after R535), which is how go-nvlib and mig-parted's generate-config list
+  profiles before enabling MIG. So the profiles come from NVML first, named with
+  ``mig_profile_name`` as nvidia-smi names them, whatever the mode.
+- Only when NVML answers nothing with MIG off (an R535 driver) do plans use the SKU
+  tables of hardware/skus.py (NVIDIA's published profiles), for a GPU they know.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from gpuflow.hardware.nvml.errors import (
     NvmlInvalidArgumentError,
     optional,
 )
-from gpuflow.hardware.skus import SKUS
+from gpuflow.hardware.skus import SKUS, SkuSpec
 
 _MIB = 1024 * 1024
 _GIB = 1024 * _MIB
@@ -51,6 +56,9 @@ _GI_ENUMS: tuple[tuple[str, str], ...] = (
     ("8_SLICE", ""),
 )
 _PROFILE_NAME_RE = re.compile(r"^\d+g\.\d+gb(\+me|\+me\.all|-me|\+gfx)?$")
+# GPUs whose NVML instanceCount is wrong (PCI device id): the A30, whose counts
+# mig-parted's discovery hard-codes for that reason. Their counts come from the SKU table.
+_WRONG_INSTANCE_COUNTS = frozenset({"0x20B710DE"})
 
 
 def mig_profile_name(
@@ -102,7 +110,10 @@ def offered_or_none(read: Callable[..., Any], *args: Any) -> Any | None:
         return None
 
 
-def _profile_info(dev: NvmlDevice, enum: int) -> Any | None:
+def _profile_info(dev: NvmlDevice, enum: int, mig_enabled: bool) -> Any | None:
+    if not mig_enabled:
+        # The versioned call answers NOT_SUPPORTED while MIG is off; version 1 does not.
+        return offered_or_none(dev.gi_profile_info_v1, enum)
     try:
         return offered_or_none(dev.gi_profile_info, enum)
     except NvmlFunctionNotFoundError:
@@ -121,25 +132,42 @@ def _profile_name(info: Any, total_bytes: int, suffix: str) -> str:
     return mig_profile_name(int(info.sliceCount), int(info.memorySizeMB), total_bytes, suffix)
 
 
-def gi_profiles(dev: NvmlDevice) -> list[GiProfile]:
-    """The GI profiles NVML lists for the device ([] while MIG mode is off)."""
+def gi_profiles(dev: NvmlDevice, mig_enabled: bool = True) -> list[GiProfile]:
+    """The GI profiles NVML lists for the device; pass ``mig_enabled=False`` with MIG off.
+
+    With MIG off a driver that answers no profile info, or no placements, gives [] (the
+    caller falls back to the SKU table), not half a list.
+    """
     total_bytes = dev.memory_bytes()[1]
+    table = _sku_of(dev) if _pci_id(dev) in _WRONG_INSTANCE_COUNTS else None
     out = []
     for enum_name, suffix in _GI_ENUMS:
         enum = getattr(dev.nvml, "NVML_GPU_INSTANCE_PROFILE_" + enum_name, None)
         if enum is None:
             continue
-        info = _profile_info(dev, enum)
+        info = _profile_info(dev, enum, mig_enabled)
         if info is None:
             continue
-        placements = dev.gi_possible_placements(int(info.id))
+        if mig_enabled:
+            placements = dev.gi_possible_placements(int(info.id))
+        else:
+            # nvml.h promises placements with MIG off; a driver that still refuses them
+            # leaves NVML's answer unusable for planning, so none of it is used.
+            answered = offered_or_none(dev.gi_possible_placements, int(info.id))
+            if answered is None:
+                return []
+            placements = answered
+        name = _profile_name(info, total_bytes, suffix)
+        max_count = int(info.instanceCount)
+        if table is not None:
+            max_count = next((p.max_count for p in table.mig_profiles if p.name == name), max_count)
         profile = PartitionProfile(
-            name=_profile_name(info, total_bytes, suffix),
+            name=name,
             kind="mig",
             profile_id=int(info.id),
             compute_slices=int(info.sliceCount),
             memory_mb=int(info.memorySizeMB),
-            max_count=int(info.instanceCount),
+            max_count=max_count,
             placement_starts=tuple(sorted({s for s, _ in placements})),
             placement_size=placements[0][1] if placements else 0,
         )
@@ -155,30 +183,37 @@ def gi_profiles(dev: NvmlDevice) -> list[GiProfile]:
     return out
 
 
-def _sku_profiles(dev: NvmlDevice) -> list[PartitionProfile]:
-    name = dev.name()
-    pci = f"0x{dev.pci_device_id():08X}"
+def _pci_id(dev: NvmlDevice) -> str:
+    return f"0x{dev.pci_device_id():08X}"
+
+
+def _sku_of(dev: NvmlDevice) -> SkuSpec | None:
+    """The SKU table entry of this GPU, matched by NVML name or PCI device id."""
+    name, pci = dev.name(), _pci_id(dev)
     for spec in SKUS.values():
         if spec.name == name or (spec.pci_device_id and spec.pci_device_id == pci):
-            return list(spec.mig_profiles)
-    return []
+            return spec
+    return None
 
 
 def nvml_partition_profiles(dev: NvmlDevice) -> list[PartitionProfile]:
-    """Only what NVML itself lists: [] while MIG mode is off or without MIG."""
-    if mig_state(dev) is None:
-        return []
-    return [g.profile for g in gi_profiles(dev)]
-
-
-def partition_profiles(dev: NvmlDevice) -> list[PartitionProfile]:
-    """NVML's profiles, or with MIG still off the published ones of this SKU."""
+    """What NVML itself lists, MIG on or off (no SKU-table fallback; the A30's counts are
+    still fixed): [] without MIG or when NVML says none."""
     mode = mig_state(dev)
     if mode is None:
         return []
-    profiles = [g.profile for g in gi_profiles(dev)]
+    return [g.profile for g in gi_profiles(dev, mig_enabled=mode[0])]
+
+
+def partition_profiles(dev: NvmlDevice) -> list[PartitionProfile]:
+    """NVML's profiles; with MIG off and nothing from NVML, the published ones of this SKU."""
+    mode = mig_state(dev)
+    if mode is None:
+        return []
+    profiles = [g.profile for g in gi_profiles(dev, mig_enabled=mode[0])]
     if not profiles and not mode[0]:
-        # NVML lists profiles only with MIG on; to plan before enabling it, use the
-        # published table for this SKU (matched by NVML name or PCI device id).
-        return _sku_profiles(dev)
+        # An R535 driver lists no profile with MIG off; to plan before enabling it, use
+        # the published table for this SKU. A GPU in no table has none until MIG is on.
+        spec = _sku_of(dev)
+        return list(spec.mig_profiles) if spec else []
     return profiles

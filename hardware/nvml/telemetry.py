@@ -1,8 +1,12 @@
 """Telemetry of one GPU: the sample, ECC and memory health, clock events, XID events.
 
-NOT_SUPPORTED fields (ECC off, no row remapping on a V100, utilization with MIG on...) read
-as their defaults; any other NVML error propagates, and a lost GPU (DeviceLostError) is
-turned into a ``present=False`` sample by the backend so a monitor loop keeps going.
+Which optional fields (hardware.backend.TELEMETRY_FIELDS) a GPU has is probed once per
+device (``probe_fields``): what NVML answers NOT_SUPPORTED for (ECC counters with ECC off,
+nvmlDeviceGetRemappedRows before Ampere, nvmlDeviceGetRetiredPages from Ampere on), and
+XIDs when no event set could be registered, is None in every sample, not 0. Utilization
+with MIG on reads 0 (nvidia-smi shows N/A). Any other NVML error propagates, and a lost
+GPU (DeviceLostError) is turned into a ``present=False`` sample by the backend so a
+monitor loop keeps going.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from gpuflow.hardware.backend import (
 from gpuflow.hardware.nvml.device import NvmlDevice
 from gpuflow.hardware.nvml.errors import NvmlFunctionNotFoundError, NvmlTimeoutError, optional
 from gpuflow.hardware.nvml.session import NvmlSession
+from gpuflow.hardware.telemetry_fields import (
+    ECC_FIELDS,
+    PAGE_RETIREMENT_FIELDS,
+    ROW_REMAP_FIELDS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +80,10 @@ class XidEvents:
             if es is not None:
                 self._free(es)
 
+    def registered(self, index: int) -> bool:
+        """Whether GPU ``index`` has an event set, i.e. whether its XIDs can be read."""
+        return index in self._sets
+
     def drain(self, index: int) -> tuple[int, ...]:
         """The XIDs seen on GPU ``index`` since the last drain."""
         es = self._sets.get(index)
@@ -99,40 +112,76 @@ class XidEvents:
             self._session.free_event_set(es)
 
 
-def _clock_event_mask(dev: NvmlDevice) -> int:
+def _clock_event_mask(dev: NvmlDevice) -> int | None:
+    """The clock-event bits, None where the GPU cannot report them."""
     try:
         return dev.clocks_event_reasons_mask()
     except NvmlFunctionNotFoundError:
         # Drivers before r535 (and nvidia-ml-py before 12.535) only have the older name.
-        return optional(0, dev.clocks_throttle_reasons_mask)
+        return optional(None, dev.clocks_throttle_reasons_mask)
     except UnsupportedError:
-        return 0
+        return None
 
 
-def _ecc_totals(dev: NvmlDevice, counter: EccCounter) -> tuple[int, int]:
+def _ecc_totals(dev: NvmlDevice, counter: EccCounter) -> tuple[int | None, int | None]:
     nvml = dev.nvml
     kind = nvml.NVML_AGGREGATE_ECC if counter == "aggregate" else nvml.NVML_VOLATILE_ECC
-    corrected = optional(0, dev.total_ecc_errors, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, kind)
-    uncorrected = optional(0, dev.total_ecc_errors, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, kind)
+    corrected = optional(None, dev.total_ecc_errors, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, kind)
+    uncorrected = optional(
+        None, dev.total_ecc_errors, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, kind
+    )
     return corrected, uncorrected
 
 
-def _retired_pages(dev: NvmlDevice) -> int:
+def _retired_pages(dev: NvmlDevice) -> int | None:
     causes = (
         dev.nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
         dev.nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
     )
-    return sum(len(optional([], dev.retired_pages, cause)) for cause in causes)
+    pages = [optional(None, dev.retired_pages, cause) for cause in causes]
+    if any(p is None for p in pages):
+        return None
+    return sum(len(p) for p in pages if p is not None)
+
+
+def probe_fields(dev: NvmlDevice, ecc_counter: EccCounter, xids_registered: bool) -> frozenset[str]:
+    """The optional fields this GPU answers for: each read once, NOT_SUPPORTED -> absent.
+
+    What NVML documents per architecture (docs/hardware.md, "Telemetry per backend"):
+    row remapping from Ampere on, page retirement before it, ECC counters where ECC is on.
+    """
+    fields: set[str] = set()
+    if None not in _ecc_totals(dev, ecc_counter):
+        fields |= ECC_FIELDS
+    if _retired_pages(dev) is not None:
+        fields |= PAGE_RETIREMENT_FIELDS
+    if optional(None, dev.remapped_rows) is not None:
+        fields |= ROW_REMAP_FIELDS
+    if _clock_event_mask(dev) is not None:
+        fields.add("clock_event_reasons")
+    if xids_registered:
+        fields.add("xids")
+    return frozenset(fields)
 
 
 def read_sample(
-    dev: NvmlDevice, ecc_counter: EccCounter, xids: tuple[int, ...], now_s: float
+    dev: NvmlDevice,
+    ecc_counter: EccCounter,
+    xids: tuple[int, ...],
+    now_s: float,
+    fields: frozenset[str],
 ) -> TelemetrySample:
-    """One sample of a present GPU; ``xids`` are those drained for it."""
+    """One sample of a present GPU; ``xids`` are those drained for it, ``fields`` what
+    probe_fields found (the rest is None, and is not asked for again)."""
     used_bytes, total_bytes = dev.memory_bytes()
     utilization_pct = optional(None, dev.utilization_gpu_pct)
-    ecc_corrected, ecc_uncorrected = _ecc_totals(dev, ecc_counter)
-    remap = optional((0, 0, False, False), dev.remapped_rows)
+    ecc_corrected, ecc_uncorrected = (
+        _ecc_totals(dev, ecc_counter) if ECC_FIELDS <= fields else (None, None)
+    )
+    remap: tuple[int | None, int | None, bool | None, bool | None] = (None, None, None, None)
+    if ROW_REMAP_FIELDS <= fields:
+        remap = optional((None, None, None, None), dev.remapped_rows)
+    mask = _clock_event_mask(dev) if "clock_event_reasons" in fields else None
     return TelemetrySample(
         node=dev.node,
         index=dev.index,
@@ -148,20 +197,22 @@ def read_sample(
         power_limit_mw=optional(0, dev.power_limit_mw),
         ecc_corrected_total=ecc_corrected,
         ecc_uncorrected_total=ecc_uncorrected,
-        retired_pages=_retired_pages(dev),
+        retired_pages=_retired_pages(dev) if "retired_pages" in fields else None,
         remapped_rows_correctable=remap[0],
         remapped_rows_uncorrectable=remap[1],
         remapped_rows_pending=remap[2],
         remapped_rows_failure=remap[3],
-        clock_event_reasons=decode_clock_event_reasons(_clock_event_mask(dev)),
-        xids=xids,
+        clock_event_reasons=decode_clock_event_reasons(mask) if mask is not None else None,
+        xids=xids if "xids" in fields else None,
     )
 
 
 def lost_sample(
-    node: str, index: int, memory_total_mb: int, xids: tuple[int, ...], now_s: float
+    node: str, index: int, memory_total_mb: int, xids: tuple[int, ...] | None, now_s: float
 ) -> TelemetrySample:
-    """The sample of a GPU that no longer answers: ``present=False``, what we knew of it."""
+    """The sample of a GPU that no longer answers: ``present=False``, what we knew of it.
+
+    Its counters cannot be read (None); the XIDs drained for it (79) are what it left."""
     return TelemetrySample(
         node=node,
         index=index,
@@ -175,5 +226,13 @@ def lost_sample(
         memory_total_mb=memory_total_mb,
         sm_clock_mhz=0,
         power_limit_mw=0,
+        ecc_corrected_total=None,
+        ecc_uncorrected_total=None,
+        retired_pages=None,
+        remapped_rows_correctable=None,
+        remapped_rows_uncorrectable=None,
+        remapped_rows_pending=None,
+        remapped_rows_failure=None,
+        clock_event_reasons=None,
         xids=xids,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuflow.hardware.backend import Backend, InvalidRequestError
+from gpuflow.hardware.backend import Backend, DeviceLostError, InvalidRequestError
 from gpuflow.hardware.partition.layout import current_layout
 from gpuflow.hardware.partition.select import select_devices
 from gpuflow.hardware.partition.spec import PLAN_VERSION
@@ -41,7 +41,10 @@ def export_layout(
         )
     entries: list[dict[str, Any]] = []
     for dev in devices:
-        have = current_layout(backend, dev)
+        try:
+            have = current_layout(backend, dev)
+        except DeviceLostError:
+            continue  # as NVML leaves a lost GPU out: nothing to export for it
         entry: dict[str, Any] = {
             "device-filter": dev.pci_device_id or dev.sku,
             "devices": [dev.index],

@@ -7,13 +7,22 @@ cannot do what it asks instead of refusing it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
-from gpuflow.hardware.backend import Backend, DeviceInfo, PartitionProfile, PartitionRequest
+from gpuflow.hardware.backend import (
+    Backend,
+    DeviceInfo,
+    DeviceLostError,
+    PartitionProfile,
+    PartitionRequest,
+)
 from gpuflow.hardware.partition.layout import DeviceLayout
 from gpuflow.hardware.partition.spec import PCI_RE, PROFILE_RE, PartitionPlan, PlanEntry, PlanError
 from gpuflow.hardware.placement import LayoutError, fit_mig, fit_vdcu
 from gpuflow.hardware.skus import SKU_ALIASES, SKUS
+
+log = logging.getLogger(__name__)
 
 
 def _parse_pci(s: str) -> int | None:
@@ -78,6 +87,19 @@ def _desired(
 
     if not e.mig_enabled:
         return DeviceLayout(dev.node, dev.index, dev.sku, False, (), entry=i)
+    if dev.vendor == "Hygon" and profiles and not wanted_mig and not e.vdcu_devices:
+        # hy-smi has no per-DCU mode to switch on: `hy-smi virtual` carves vDCUs with no
+        # mode, and Hygon's MIG mode is node-wide and the operator's. A DCU reads as
+        # partitioned exactly while it has vDCUs or MIG instances (HygonBackend and the
+        # twin alike), so "on with nothing carved" can be neither applied nor asserted.
+        if e.is_generic:
+            return None  # as mig-parted's "all-enabled" skips what it cannot set up
+        raise refuse(
+            "no-partition-mode",
+            "a Hygon DCU has no partition mode of its own: hy-smi reports it partitioned "
+            "only while it has vDCUs or MIG instances; list vdcu-devices or mig-devices "
+            "for it, or set mig-enabled: false",
+        )
     use_mig = bool(wanted_mig) and bool(mig_profiles)
     use_vdcu = bool(e.vdcu_devices) and vdcu_profile is not None
     impossible = (
@@ -160,11 +182,14 @@ def plan_layouts(
     plan: PartitionPlan,
     config: str | None = None,
     nodes: Sequence[str] | None = None,
+    lost: list[str] | None = None,
 ) -> list[DeviceLayout]:
     """The desired layout of every device ``config`` selects, validated; touches nothing.
 
     Raises PlanError (with every problem in ``.problems``) if any device cannot take its
-    layout. Devices no entry selects are absent from the result (left alone).
+    layout. Devices no entry selects are absent from the result (left alone). A device
+    that fell off the bus is skipped, as NVML leaves a lost GPU out, and named in ``lost``
+    when given: one dead GPU must not block a plan for the rest of the fleet.
     """
     name, entries = plan.config(config)
     out: list[DeviceLayout] = []
@@ -178,7 +203,13 @@ def plan_layouts(
             if not _entry_selects(e, dev):
                 continue
             if profiles is None:
-                profiles = backend.partition_profiles(dev.node, dev.index)
+                try:
+                    profiles = backend.partition_profiles(dev.node, dev.index)
+                except DeviceLostError as exc:
+                    log.warning("skipping %s:%d (%s): %s", dev.node, dev.index, dev.sku, exc)
+                    if lost is not None:
+                        lost.append(f"{dev.node}:{dev.index}")
+                    break
             try:
                 layout = _desired(e, i, name, dev, profiles)
             except PlanError as err:

@@ -22,13 +22,16 @@ from gpuflow.hardware.sim import fleet, workloads
 from gpuflow.hardware.sim.clocks_api import ClocksApi
 from gpuflow.hardware.sim.cluster_spec import ClusterSpec
 from gpuflow.hardware.sim.faults_api import FaultsApi
+from gpuflow.hardware.sim.maintenance_api import MaintenanceApi
 from gpuflow.hardware.sim.partitions_api import PartitionsApi
 from gpuflow.hardware.sim.tenants_api import TenantsApi
+from gpuflow.hardware.skus import SkuSpec
+from gpuflow.hardware.telemetry_fields import real_backend_fields, without_unreadable
 
 FIRST_READ_XID_WINDOW_S = 300.0  # a new reader sees XIDs from the last 5 sim-minutes
 
 
-class SimBackend(PartitionsApi, ClocksApi, TenantsApi, FaultsApi):
+class SimBackend(PartitionsApi, ClocksApi, TenantsApi, FaultsApi, MaintenanceApi):
     """The twin. ``home`` defaults to GPUFLOW_HOME; state lives in ``home/twin``.
 
     ``spec_path`` (a cluster spec YAML) is used when the twin is created; if a twin
@@ -79,6 +82,17 @@ class SimBackend(PartitionsApi, ClocksApi, TenantsApi, FaultsApi):
 
     # -- telemetry ---------------------------------------------------------------------
 
+    @staticmethod
+    def _fields_of(s: SkuSpec) -> frozenset[str]:
+        # What the SKU's real backend reads (NVML by architecture, hy-smi for DCUs): a
+        # model trained on the twin must not lean on signals its fleet cannot report.
+        return real_backend_fields(s.vendor, F.uses_row_remapping(s))
+
+    def telemetry_fields(self, node: str, index: int) -> frozenset[str]:
+        """The optional fields the real backend of this device's SKU reads."""
+        with self._txn() as (state, _):
+            return self._fields_of(fleet.sku_of(self._dev(state, node, index)))
+
     def telemetry(self, node: str, index: int) -> TelemetrySample:
         with self._txn() as (state, now):
             dev = self._dev(state, node, index)
@@ -101,6 +115,23 @@ class SimBackend(PartitionsApi, ClocksApi, TenantsApi, FaultsApi):
                 mem = workloads.memory_used_mb(state, dev)
             else:
                 util, mem = 0.0, 0
+            values: dict[str, Any] = {
+                "ecc_corrected_total": c["ecc_corrected"],
+                "ecc_uncorrected_total": c["ecc_uncorrected"],
+                "retired_pages": c["retired_pages"],
+                "remapped_rows_correctable": c["remap_correctable"],
+                "remapped_rows_uncorrectable": c["remap_uncorrectable"],
+                "remapped_rows_pending": c["remap_pending"],
+                "remapped_rows_failure": c["remap_failure"],
+                "clock_event_reasons": op.reasons,
+                "xids": tuple(xids),
+            }
+            readable = self._fields_of(s)
+            if not present:
+                # A device off the bus answers nothing: only the XIDs it left are known.
+                readable = readable & {"xids"}
+            # A fault that shows only through a field this SKU's backend cannot read does
+            # not show at all there: the device still fails, without warning, as it would.
             return TelemetrySample(
                 node=dev["node"],
                 index=dev["index"],
@@ -114,15 +145,7 @@ class SimBackend(PartitionsApi, ClocksApi, TenantsApi, FaultsApi):
                 memory_total_mb=s.memory_total_mb,
                 sm_clock_mhz=op.clock_mhz,
                 power_limit_mw=dev["power_limit_mw"],
-                ecc_corrected_total=c["ecc_corrected"],
-                ecc_uncorrected_total=c["ecc_uncorrected"],
-                retired_pages=c["retired_pages"],
-                remapped_rows_correctable=c["remap_correctable"],
-                remapped_rows_uncorrectable=c["remap_uncorrectable"],
-                remapped_rows_pending=c["remap_pending"],
-                remapped_rows_failure=c["remap_failure"],
-                clock_event_reasons=op.reasons,
-                xids=tuple(xids),
+                **without_unreadable(values, readable),
             )
 
     # -- the twin's clock --------------------------------------------------------------

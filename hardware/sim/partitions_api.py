@@ -11,6 +11,7 @@ from gpuflow.hardware.backend import (
     HardwareError,
     InvalidRequestError,
     Partition,
+    PartitionModeState,
     PartitionProfile,
     PartitionRequest,
     UnsupportedError,
@@ -18,6 +19,7 @@ from gpuflow.hardware.backend import (
 from gpuflow.hardware.placement import Occupied, fit_mig, fit_vdcu
 from gpuflow.hardware.sim import fleet, workloads
 from gpuflow.hardware.sim.core import SimCore
+from gpuflow.hardware.sim.maintenance_api import log_change
 from gpuflow.hardware.skus import SkuSpec
 
 VDCU_PROFILE = "vdcu"
@@ -71,19 +73,37 @@ class PartitionsApi(SimCore):
             dev = self._live(state, node, index)
             return bool(dev["partition_mode"] or dev["partitions"])
 
+    def partition_mode_state(self, node: str, index: int) -> PartitionModeState:
+        with self._txn() as (state, _):
+            dev = self._live(state, node, index)
+            current = bool(dev["partition_mode"] or dev["partitions"])
+            pending = dev.get("mode_pending")
+            return PartitionModeState(current, current if pending is None else pending)
+
     def set_partition_mode(self, node: str, index: int, enabled: bool) -> None:
-        """MIG mode (NVIDIA) or virtual-device mode (Hygon); applied at once in the twin."""
+        """MIG mode (NVIDIA) or virtual-device mode (Hygon): at once, unless a client holds
+        the GPU (``hold_device``): then the MIG change waits for ``reset_devices``."""
         if not isinstance(enabled, bool):
             raise InvalidRequestError(f"enabled must be true or false, got {enabled!r}")
-        with self._txn() as (state, _):
+        with self._txn() as (state, now):
             dev = self._live(state, node, index)
             s = fleet.sku_of(dev)
             if not (s.supports_mig or s.supports_vdcu):
                 raise UnsupportedError(
                     f"{self._label(dev)} has no hard partitioning (no MIG, no vDCU)"
                 )
+            if enabled and not s.supports_mig:
+                # Hygon, as hy-smi reports it (hardware/hygon/backend.py): no per-DCU mode,
+                # a DCU reads as partitioned exactly while it has vDCUs; so "on" changes
+                # nothing here either, and "off" only checks that none is left (below).
+                return
             current = bool(dev["partition_mode"] or dev["partitions"])
             if enabled == current:
+                if dev.get("mode_pending") is not None:  # asking for the current mode
+                    dev["mode_pending"] = None  # cancels a pending change, as NVML does
+                    log_change(
+                        state, dev, now, "set_partition_mode", enabled=enabled, pending=False
+                    )
                 return
             tenants = workloads.tenants_of(state, dev["node"], dev["index"])
             if tenants:
@@ -96,7 +116,15 @@ class PartitionsApi(SimCore):
                     f"{self._label(dev)}: destroy its partitions first: "
                     f"{', '.join(p['uuid'] for p in dev['partitions'])}"
                 )
+            if s.supports_mig and (dev.get("holders") or dev.get("passthrough")):
+                # As NVML does when a client (DCGM, the exporter) holds the GPU, or the GPU
+                # is passed through to a VM: the change waits for a GPU reset.
+                dev["mode_pending"] = enabled
+                log_change(state, dev, now, "set_partition_mode", enabled=enabled, pending=True)
+                return
             dev["partition_mode"] = enabled
+            dev["mode_pending"] = None
+            log_change(state, dev, now, "set_partition_mode", enabled=enabled, pending=False)
 
     def _new_partition_uuid(self, state: dict[str, Any], kind: str) -> str:
         state["seq"]["partition"] += 1
@@ -112,7 +140,7 @@ class PartitionsApi(SimCore):
         for r in requests:
             if not isinstance(r, PartitionRequest):
                 raise InvalidRequestError(f"expected PartitionRequest objects, got {r!r}")
-        with self._txn() as (state, _):
+        with self._txn() as (state, now):
             dev = self._live(state, node, index)
             s = fleet.sku_of(dev)
             label = self._label(dev)
@@ -123,6 +151,7 @@ class PartitionsApi(SimCore):
             else:
                 raise UnsupportedError(f"{label} supports neither MIG nor vDCU partitions")
             dev["partitions"].extend(created)
+            log_change(state, dev, now, "create_partitions", uuids=[p["uuid"] for p in created])
             return [self._partition(dev, p) for p in created]
 
     def _create_mig(
@@ -191,8 +220,9 @@ class PartitionsApi(SimCore):
             for p in dev["partitions"]
         ]
         fit_vdcu(label, s.vdcu_max_count, s.compute_units, s.memory_total_mb, existing + requests)
-        # hy-smi needs no mode switch: creating virtual devices is what enables them.
-        dev["partition_mode"] = True
+        # hy-smi needs no mode switch: a DCU is "on" while it has vDCUs, and no flag is
+        # kept, so destroying the last one turns it "off" as on real hy-smi.
+        dev["partition_mode"] = False
         return [
             {
                 "uuid": self._new_partition_uuid(state, "vdcu"),
@@ -209,7 +239,7 @@ class PartitionsApi(SimCore):
         ]
 
     def destroy_partitions(self, node: str, index: int, uuids: Sequence[str] | None = None) -> None:
-        with self._txn() as (state, _):
+        with self._txn() as (state, now):
             dev = self._live(state, node, index)
             have = [p["uuid"] for p in dev["partitions"]]
             if uuids is None:
@@ -231,6 +261,8 @@ class PartitionsApi(SimCore):
                     f"{self._label(dev)}: partitions in use by tenants {', '.join(busy)}; stop them first"
                 )
             dev["partitions"] = [p for p in dev["partitions"] if p["uuid"] not in doomed]
+            if doomed:
+                log_change(state, dev, now, "destroy_partitions", uuids=sorted(doomed))
             # Tenants that failed on a destroyed partition keep their status but lose the link.
             for w in state["workloads"].values():
                 if (

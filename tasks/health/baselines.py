@@ -2,10 +2,12 @@
 
 * rules: the operator's thresholds of hardware/health.py on the newest bucket: hotter
   than HOT_TEMPERATURE_C (85 C), any critical XID (hardware.health.CRITICAL_XIDS), a row
-  remap / page retirement pending. A 0/1 score.
+  remap / page retirement pending. A 0/1 score. A rule whose input is missing (NaN: the
+  device's backend cannot read it) does not fire: there is no evidence either way.
 * gbt: gradient-boosted trees (sklearn HistGradientBoostingClassifier) on flat summaries
   of the same windows (last, mean, max, last - first of every feature), trained on the
-  same sample and calibrated the same way as the LSTM.
+  same sample and calibrated the same way as the LSTM. Missing inputs stay NaN: the trees
+  learn a branch for them (HistGradientBoosting's native missing-value support).
 * random: uniform scores; evaluation picks the threshold that gives the LSTM's alert
   rate, so it is "as many alarms, placed by chance".
 * oracle: 1 exactly when a failure follows within the horizon (the labels): the ceiling.
@@ -34,7 +36,7 @@ def rule_scores(windows: np.ndarray) -> np.ndarray:
     last = windows[:, -1, :]
     fired = (
         (last[:, _TEMP] > HOT_TEMPERATURE_C)
-        | (last[:, _XID_CRITICAL].sum(axis=1) > 0)
+        | (np.nansum(last[:, _XID_CRITICAL], axis=1) > 0)
         | (last[:, _PENDING] > 0.5)
     )
     return fired.astype(np.float32)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,7 +51,9 @@ class DeviceRisk:
 
     ``top_features`` maps feature name -> the value that drove the score most (by
     attribution), so an operator can read why. ``reason`` is "model" for a scored
-    device and "device lost" for one that no longer answers (risk 1.0).
+    device and "device lost" for one that no longer answers (risk 1.0). ``missing``
+    names the features the model had no input for (telemetry the device's backend cannot
+    read, e.g. ECC and XIDs on a hy-smi DCU): a low risk there rests on less evidence.
     """
 
     node: str
@@ -59,6 +62,7 @@ class DeviceRisk:
     risk: float
     top_features: dict[str, float] = field(default_factory=dict)
     reason: str = "model"
+    missing: tuple[str, ...] = ()
 
     @property
     def resource_id(self) -> str:
@@ -69,9 +73,15 @@ class DeviceRisk:
 
 
 def health_risk_payload(
-    node: str, index: int, risk: float, features: dict[str, float], sku: str, reason: str = "model"
+    node: str,
+    index: int,
+    risk: float,
+    features: dict[str, float],
+    sku: str,
+    reason: str = "model",
+    missing: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The event payload; validated before anything is sent."""
+    """The event payload; validated before anything is sent. ``missing``: see DeviceRisk."""
     resource_id_for(node, index)  # validates node/index
     try:
         risk_f = float(risk)
@@ -88,6 +98,7 @@ def health_risk_payload(
         "index": index,
         "sku": sku,
         "reason": reason,
+        "missing": [str(m) for m in missing],
     }
 
 
@@ -98,6 +109,7 @@ def emit_health_risk(
     features: dict[str, float],
     sku: str,
     reason: str = "model",
+    missing: Sequence[str] = (),
 ) -> str:
     """Emit ``gpuflow.device.health-risk`` for one device; returns the event id.
 
@@ -107,7 +119,7 @@ def emit_health_risk(
     """
     from prefect.events import emit_event
 
-    payload = health_risk_payload(node, index, risk, features, sku, reason)
+    payload = health_risk_payload(node, index, risk, features, sku, reason, missing)
     event_id = uuid.uuid4()
     emit_event(
         event=EVENT_NAME,

@@ -11,6 +11,13 @@ last ``WINDOW_BUCKETS`` buckets (1 hour), oldest first.
 ``FleetWindows`` keeps that state for a whole fleet in numpy arrays (10,000 devices
 update and assemble in milliseconds) and saves it to one .npz so that consecutive monitor
 runs continue where the last one stopped.
+
+Missing inputs: a feature whose telemetry the device's backend cannot read (None in the
+sample: ECC and XIDs on a hy-smi DCU, row remapping on a V100; FEATURE_INPUTS says which
+feature reads what) is NaN, never 0, so "no errors" and "no error counter" stay apart.
+``missing_features`` names them for a set of readable fields, ``missing_in`` for windows;
+the models see the gap (tasks.health.model masks it, the trees split on NaN, the rules
+cannot fire on it).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.hardware.backend import TELEMETRY_FIELDS, TelemetrySample
 from gpuflow.hardware.health import CRITICAL_XIDS
 
 BUCKET_S = 300.0  # one bucket: 5 minutes of samples
@@ -67,6 +74,63 @@ FEATURES: tuple[str, ...] = (
 )
 N_FEATURES = len(FEATURES)
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
+
+# The optional telemetry fields (hardware.backend.TELEMETRY_FIELDS) each feature is
+# computed from; a feature exists when any one of its inputs is readable (the remapped
+# total sums row remaps (Ampere+) and retired pages (V100), whichever the device has).
+# Features not listed read only fields every backend gives.
+_REMAPPED = frozenset({"remapped_rows_correctable", "remapped_rows_uncorrectable", "retired_pages"})
+FEATURE_INPUTS: dict[str, frozenset[str]] = {
+    "throttle_thermal_ratio": frozenset({"clock_event_reasons"}),
+    "throttle_power_ratio": frozenset({"clock_event_reasons"}),
+    "ecc_corrected_delta_log": frozenset({"ecc_corrected_total"}),
+    "ecc_uncorrected_delta_log": frozenset({"ecc_uncorrected_total"}),
+    "ecc_corrected_total_log": frozenset({"ecc_corrected_total"}),
+    "ecc_uncorrected_total_log": frozenset({"ecc_uncorrected_total"}),
+    "remapped_rows_total_log": _REMAPPED,
+    "remap_pending": frozenset({"remapped_rows_pending"}),
+    "remap_failure": frozenset({"remapped_rows_failure"}),
+    "xid_memory_log": frozenset({"xids"}),
+    "xid_bus_log": frozenset({"xids"}),
+    "xid_app_log": frozenset({"xids"}),
+    "xid_other_log": frozenset({"xids"}),
+}
+if not all(f in FEATURE_INDEX and v <= TELEMETRY_FIELDS for f, v in FEATURE_INPUTS.items()):
+    raise RuntimeError("FEATURE_INPUTS: unknown feature or field")  # pragma: no cover
+
+
+def missing_features(readable: Iterable[str]) -> tuple[str, ...]:
+    """The features (FEATURES order) with no readable input among ``readable`` fields."""
+    have = frozenset(readable)
+    return tuple(f for f in FEATURES if f in FEATURE_INPUTS and not FEATURE_INPUTS[f] & have)
+
+
+def missing_in(windows: np.ndarray) -> list[tuple[str, ...]]:
+    """Per window, the features its newest bucket lacks (NaN: no input was readable)."""
+    gaps = np.isnan(windows[:, -1, :])
+    return [tuple(FEATURES[j] for j in np.flatnonzero(row)) for row in gaps]
+
+
+def _num(v: float | None) -> float:
+    return np.nan if v is None else float(v)
+
+
+def _remapped_total(s: TelemetrySample) -> float:
+    parts = [
+        v
+        for v in (s.remapped_rows_correctable, s.remapped_rows_uncorrectable, s.retired_pages)
+        if v is not None
+    ]
+    return float(sum(parts)) if parts else np.nan
+
+
+def _zero_growth(b: np.ndarray, cols: list[int]) -> None:
+    """Set growth/event columns to 0 ("nothing seen then"), leaving missing ones NaN."""
+    sub = b[..., cols]
+    b[..., cols] = np.where(np.isnan(sub), np.nan, 0.0)
+
+
+_NO_GROWTH_COLS = [1, 9, 10, 16, 17, 18, 19]  # trend, counter growth, XIDs
 
 # Per-sample "mean" channels accumulated in a bucket (temperature is a max, kept apart).
 _MEAN_CHANNELS = (
@@ -157,22 +221,19 @@ def summary_feature_names() -> list[str]:
 
 
 def sample_counters(s: TelemetrySample) -> tuple[float, float, float]:
-    return (
-        float(s.ecc_corrected_total),
-        float(s.ecc_uncorrected_total),
-        float(s.remapped_rows_correctable + s.remapped_rows_uncorrectable + s.retired_pages),
-    )
+    """(corrected, uncorrected, remapped total); NaN where the backend cannot read it."""
+    return (_num(s.ecc_corrected_total), _num(s.ecc_uncorrected_total), _remapped_total(s))
 
 
 def sample_means(s: TelemetrySample, max_clock_mhz: float) -> tuple[float, ...]:
     power_w = s.power_mw / 1000.0
-    reasons = set(s.clock_event_reasons)
+    reasons = s.clock_event_reasons
     return (
         (s.temperature_c - REFERENCE_C) / max(power_w, 1.0),
         s.power_mw / s.power_limit_mw if s.power_limit_mw > 0 else 0.0,
         s.sm_clock_mhz / max_clock_mhz if max_clock_mhz > 0 else 0.0,
-        1.0 if reasons & THERMAL_REASONS else 0.0,
-        1.0 if "SwPowerCap" in reasons else 0.0,
+        np.nan if reasons is None else float(not THERMAL_REASONS.isdisjoint(reasons)),
+        np.nan if reasons is None else float("SwPowerCap" in reasons),
         float(s.utilization_ratio),
         s.memory_used_mb / s.memory_total_mb if s.memory_total_mb > 0 else 0.0,
     )
@@ -288,25 +349,29 @@ class FleetWindows:
             max_clock > 0, col(lambda s: s.sm_clock_mhz) / np.maximum(max_clock, 1.0), 0.0
         )
         means[:, 3] = np.fromiter(
-            (bool(r) and not THERMAL_REASONS.isdisjoint(r) for r in reasons), dtype=bool, count=n
+            (np.nan if r is None else float(not THERMAL_REASONS.isdisjoint(r)) for r in reasons),
+            dtype=np.float64,
+            count=n,
         )
-        means[:, 4] = np.fromiter((bool(r) and "SwPowerCap" in r for r in reasons), bool, n)
+        means[:, 4] = np.fromiter(
+            (np.nan if r is None else float("SwPowerCap" in r) for r in reasons), np.float64, n
+        )
         means[:, 5] = col(lambda s: s.utilization_ratio)
         means[:, 6] = np.where(
             mem_total > 0, col(lambda s: s.memory_used_mb) / np.maximum(mem_total, 1.0), 0.0
         )
         counters = np.empty((n, _N_COUNTERS))
-        counters[:, 0] = col(lambda s: s.ecc_corrected_total)
-        counters[:, 1] = col(lambda s: s.ecc_uncorrected_total)
-        counters[:, 2] = col(
-            lambda s: s.remapped_rows_correctable + s.remapped_rows_uncorrectable + s.retired_pages
-        )
+        counters[:, 0] = col(lambda s: _num(s.ecc_corrected_total))
+        counters[:, 1] = col(lambda s: _num(s.ecc_uncorrected_total))
+        counters[:, 2] = col(_remapped_total)
         flags = np.empty((n, 2))
-        flags[:, 0] = col(lambda s: s.remapped_rows_pending)
-        flags[:, 1] = col(lambda s: s.remapped_rows_failure)
+        flags[:, 0] = col(lambda s: _num(s.remapped_rows_pending))
+        flags[:, 1] = col(lambda s: _num(s.remapped_rows_failure))
         xids = np.zeros((n, _N_XID_CLASSES))
         for i, s in enumerate(samples):
-            if s.xids:  # rare: a loop over the few samples that carry XIDs
+            if s.xids is None:  # this backend cannot read XIDs: absent, not "none seen"
+                xids[i] = np.nan
+            elif s.xids:  # rare: a loop over the few samples that carry XIDs
                 xids[i] = xid_class_counts(s.xids)
         self.update_arrays(rows, ts, temps, means, counters, flags, xids)
         return rows
@@ -392,10 +457,7 @@ class FleetWindows:
             b = cur[sel]
             if k > 0:
                 b = b.copy()
-                b[:, 1] = 0.0  # no trend
-                b[:, 9] = 0.0
-                b[:, 10] = 0.0
-                b[:, 16:20] = 0.0
+                _zero_growth(b, _NO_GROWTH_COLS)  # no trend, growth or XIDs (NaN stays)
             self.done[r, :-1] = self.done[r, 1:]
             self.done[r, -1] = b
             self.n_done[r] = np.minimum(self.n_done[r] + 1, self.window)
@@ -424,7 +486,7 @@ class FleetWindows:
         for i in short:
             h = int(have[i])
             oldest = out[i, w - 1 - h].copy()
-            oldest[[1, 9, 10, 16, 17, 18, 19]] = 0.0
+            _zero_growth(oldest, _NO_GROWTH_COLS)
             out[i, : w - 1 - h] = oldest
         return out
 

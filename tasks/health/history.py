@@ -44,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuflow.hardware.skus import sku as lookup_sku
+from gpuflow.tasks.health.features import FEATURES
 from gpuflow.tasks.health.history_config import (
     ABRUPT_LOOKBACK_S,
     HISTORY_VERSION,
@@ -58,7 +60,12 @@ from gpuflow.tasks.health.history_dataset import History, SplitData
 from gpuflow.tasks.health.history_fleet import Device, Fault, build_fleet
 from gpuflow.tasks.health.history_physics import steady_state, thermal_start_s, workload
 from gpuflow.tasks.health.history_schedule import draw_faults
-from gpuflow.tasks.health.history_series import Segment, counters_vec, simulate_segment
+from gpuflow.tasks.health.history_series import (
+    Segment,
+    counters_vec,
+    simulate_segment,
+    unreadable_columns,
+)
 from gpuflow.tasks.health.history_splits import build_split, split_of_nodes, split_time_ranges
 
 __all__ = [
@@ -115,6 +122,12 @@ def generate_history(
         "failures": len(all_faults),
         "failures_by_class": _count_by(f.kind for f in all_faults),
         "lemons": sum(d.lemon for d in devices),
+        # What each SKU's real backend cannot read (NaN features): recorded with the run,
+        # so a model's figures say which fleets had which signals.
+        "missing_features_by_sku": {
+            name: [FEATURES[j] for j in unreadable_columns(lookup_sku(name))]
+            for name in sorted({d.sku for d in devices})
+        },
         "generate_s": round(time.perf_counter() - started, 3),
         "splits": {
             n: {

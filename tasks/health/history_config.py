@@ -109,7 +109,7 @@ class HistoryConfig(BaseModel):
         return cls(**base)
 
 
-HISTORY_VERSION = "1"  # part of the cache key and of the saved file: bump on any change of output
+HISTORY_VERSION = "2"  # part of the cache key and of the saved file: bump on any change of output
 
 
 def history_rng(*parts: object) -> random.Random:

@@ -1,6 +1,8 @@
 """Telemetry series of the fleet history: a segment's bucket features, drawn from the
 workload, the physics, the fault classes' counters and XIDs, and a little sensor noise
-(estimates: 0.3 C, 1 % power) so the models cannot lean on exact values.
+(estimates: 0.3 C, 1 % power) so the models cannot lean on exact values. Features whose
+telemetry the SKU's real backend cannot read (hardware.telemetry_fields) are NaN, as the
+live windows of that SKU are: a model learns only from signals its fleet has.
 """
 
 from __future__ import annotations
@@ -13,8 +15,15 @@ from typing import Any
 import numpy as np
 from gpuflow.hardware.sim import faults as F
 from gpuflow.hardware.sim.hazard import DAY_S
+from gpuflow.hardware.skus import SkuSpec
 from gpuflow.hardware.skus import sku as lookup_sku
-from gpuflow.tasks.health.features import BUCKET_S, bucket_matrix
+from gpuflow.hardware.telemetry_fields import real_backend_fields
+from gpuflow.tasks.health.features import (
+    BUCKET_S,
+    FEATURE_INDEX,
+    bucket_matrix,
+    missing_features,
+)
 from gpuflow.tasks.health.history_config import (
     POWER_NOISE_RATIO,
     TEMP_NOISE_C,
@@ -94,7 +103,7 @@ def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarra
     counters_end, pending, failure = counters_vec(dev, fault, t_end)
     counters_start, _, _ = counters_vec(dev, fault, t_start)
     xids = _xids(cfg, seg, fault, n, rng)
-    return bucket_matrix(
+    out = bucket_matrix(
         temperature_c=temp,
         means=means,
         counters_start=counters_start,
@@ -103,6 +112,14 @@ def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarra
         remap_failure=failure,
         xid_counts=xids,
     )
+    out[:, unreadable_columns(s)] = np.nan
+    return out
+
+
+def unreadable_columns(s: SkuSpec) -> list[int]:
+    """Feature columns the real backend of SKU ``s`` has no input for (NaN there)."""
+    fields = real_backend_fields(s.vendor, F.uses_row_remapping(s))
+    return [FEATURE_INDEX[f] for f in missing_features(fields)]
 
 
 def _remap_times(fault: dict[str, Any] | None) -> list[float]:

@@ -10,6 +10,10 @@ is compared with.
 
 ``HealthLSTM`` carries its own normalization, calibration and metadata (features, window,
 bucket length, horizon), so the registered MLflow model is everything the monitor needs.
+
+Missing inputs (NaN: telemetry the device's backend cannot read, see tasks.health.features)
+go in as 0 after normalization plus one 0/1 "unreadable" channel per input group, so the
+LSTM learns what a DCU without ECC or XIDs looks like instead of reading "no errors" there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from gpuflow.tasks.health.features import BUCKET_S, FEATURES, WINDOW_BUCKETS
+from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INPUTS, FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.history import History, SplitData
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
@@ -65,20 +69,28 @@ class HealthLSTM(nn.Module):
         self.register_buffer("mean", torch.zeros(n))
         self.register_buffer("std", torch.ones(n))
         self.register_buffer("calibration", torch.tensor([1.0, 0.0]))  # risk = sig(a*z + b)
-        self.lstm = nn.LSTM(n, hidden, num_layers=layers, batch_first=True)
+        self.mask_idx = mask_columns(self.feature_names)
+        n_in = n + len(self.mask_idx)
+        self.lstm = nn.LSTM(n_in, hidden, num_layers=layers, batch_first=True)
         # The head also sees the newest bucket as it is: counters and flags that matter at
         # their exact level need not squeeze through the LSTM's gates.
         # Error-counter totals also go in on a linear scale (hundreds): whether 390 or 399
         # errors have accumulated is lost in a standardized logarithm.
         self.linear_idx = [i for i, f in enumerate(feature_names) if f.endswith("_total_log")]
         self.head = nn.Sequential(
-            nn.Linear(hidden + n + len(self.linear_idx), hidden), nn.ReLU(), nn.Linear(hidden, 1)
+            nn.Linear(hidden + n_in + len(self.linear_idx), hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 1),
         )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.mean) / self.std
+        # Models saved before missing inputs existed have no mask_idx: they read no mask.
+        mask_idx = getattr(self, "mask_idx", [])
+        z = torch.nan_to_num((x - self.mean) / self.std, nan=0.0)
+        if mask_idx:
+            z = torch.cat([z, torch.isnan(x[..., mask_idx]).to(z.dtype)], dim=-1)
         out, _ = self.lstm(z)
-        lin = torch.expm1(x[:, -1, self.linear_idx]) / 100.0
+        lin = torch.nan_to_num(torch.expm1(x[:, -1, self.linear_idx]), nan=0.0) / 100.0
         return self.head(torch.cat([out[:, -1], z[:, -1], lin], dim=1)).squeeze(-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,9 +136,11 @@ class HealthLSTM(nn.Module):
         drops = base[None, :] - self.predict_risk(
             occluded.reshape(f * n, *windows.shape[1:])
         ).reshape(f, n)
+        # A missing feature did not drive the score: it has no value to name.
+        drops[np.isnan(windows[:, -1, :]).T] = -np.inf
         out = []
         for i in range(n):
-            order = np.argsort(-drops[:, i])[:k]
+            order = [j for j in np.argsort(-drops[:, i]) if np.isfinite(drops[j, i])][:k]
             out.append({self.feature_names[j]: round(float(windows[i, -1, j]), 4) for j in order})
         return out
 
@@ -207,10 +221,29 @@ def weighted_ap(y: np.ndarray, score: np.ndarray, weight: np.ndarray) -> float:
     return float(average_precision_score(y, score, sample_weight=weight))
 
 
+def mask_columns(feature_names: tuple[str, ...]) -> list[int]:
+    """One column per distinct group of optional inputs (all XID features go missing
+    together): where it is NaN, the model gets an "unreadable" flag."""
+    seen: set[frozenset[str]] = set()
+    out = []
+    for i, name in enumerate(feature_names):
+        inputs = FEATURE_INPUTS.get(name)
+        if inputs is not None and inputs not in seen:
+            seen.add(inputs)
+            out.append(i)
+    return out
+
+
 def feature_stats(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and std over the readable values (NaN = missing is left out; a
+    feature no device could read normalizes to 0)."""
     flat = windows.reshape(-1, windows.shape[-1]).astype(np.float64)
-    mean = flat.mean(axis=0)
-    std = flat.std(axis=0)
+    seen = ~np.isnan(flat)
+    count = seen.sum(axis=0)
+    filled = np.where(seen, flat, 0.0)
+    mean = filled.sum(axis=0) / np.maximum(count, 1)
+    var = (np.where(seen, flat - mean, 0.0) ** 2).sum(axis=0) / np.maximum(count, 1)
+    std = np.sqrt(var)
     return mean.astype(np.float32), np.where(std < 1e-6, 1.0, std).astype(np.float32)
 
 

@@ -127,7 +127,9 @@ def apply_round(
                 inc["last_seen_s"] = now_s
                 continue
         if r.risk >= threshold:
-            event_id = emit(r.node, r.index, r.risk, r.top_features, r.sku, reason=r.reason)
+            event_id = emit(
+                r.node, r.index, r.risk, r.top_features, r.sku, reason=r.reason, missing=r.missing
+            )
             book.open[key] = {
                 "event_id": event_id,
                 "opened_s": now_s,
@@ -137,6 +139,7 @@ def apply_round(
                 "reason": r.reason,
                 "sku": r.sku,
                 "top_features": r.top_features,
+                "missing": list(r.missing),
             }
             report.emitted.append(
                 {

@@ -285,6 +285,11 @@ def log_outcome(
                 "gpuflow.window_buckets": str(outcome.lstm.window),
                 "gpuflow.horizon_s": str(outcome.lstm.horizon_s),
                 "gpuflow.tuned_threshold": str(outcome.thresholds["lstm"]),
+                # Which features each SKU lacked (its backend cannot read them); the full
+                # lists are in evaluation/summary.json under history.
+                "gpuflow.missing_features": json.dumps(
+                    outcome.history_stats.get("missing_features_by_sku", {}), sort_keys=True
+                )[:5000],
             }
         )
     result: dict[str, Any] = {"run_id": run_id, "model_uri": model_info.model_uri}

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from gpuflow.hardware.backend import Backend, TelemetrySample
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
-from gpuflow.tasks.health.features import FEATURES, FleetWindows
+from gpuflow.tasks.health.features import FEATURES, FleetWindows, missing_in
 from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import FleetSample, TelemetrySampler
 
@@ -28,11 +28,12 @@ def failure_reason(s: TelemetrySample) -> str | None:
     """Why a present device has already failed, or None. A failure XID in this sample, an
     uncorrectable ECC error since the last reset (the counters are volatile: a reset
     clears them) or a failed row remap: the device needs a reset, its jobs are gone. It
-    stays so until repaired, so its incident stays open (one event)."""
-    failed = sorted(set(s.xids) & FAILURE_XIDS)
+    stays so until repaired, so its incident stays open (one event). A signal the
+    backend cannot read (None) tells nothing: such a device fails without this warning."""
+    failed = sorted(set(s.xids or ()) & FAILURE_XIDS)
     if failed:
         return f"{DEVICE_FAILED_REASON} (XID {'/'.join(map(str, failed))})"
-    if s.ecc_uncorrected_total > 0:
+    if s.ecc_uncorrected_total is not None and s.ecc_uncorrected_total > 0:
         return f"{DEVICE_FAILED_REASON} (uncorrectable ECC errors since reset)"
     if s.remapped_rows_failure:
         return f"{DEVICE_FAILED_REASON} (row remapping failed)"
@@ -75,26 +76,33 @@ class FleetScorer:
             risk = self.model.predict_risk(win)
             hot = np.flatnonzero(risk >= self.explain_above)
             reasons = dict(zip(hot.tolist(), explain(self.model, win[hot]), strict=True))
+            missing = missing_in(win)
             for i, s in enumerate(fleet.samples):
                 dev = fleet.devices.get((s.node, s.index))
                 sku = dev.sku if dev else ""
                 why = failure_reason(s)
                 if why is not None:
-                    out.append(
-                        DeviceRisk(
-                            s.node,
-                            s.index,
-                            sku,
-                            1.0,
-                            {
-                                "ecc_uncorrected_total": float(s.ecc_uncorrected_total),
-                                "remap_failure": float(s.remapped_rows_failure),
-                            },
-                            why,
+                    evidence = {
+                        k: float(v)
+                        for k, v in (
+                            ("ecc_uncorrected_total", s.ecc_uncorrected_total),
+                            ("remap_failure", s.remapped_rows_failure),
                         )
-                    )
+                        if v is not None
+                    }
+                    out.append(DeviceRisk(s.node, s.index, sku, 1.0, evidence, why, missing[i]))
                     continue
-                out.append(DeviceRisk(s.node, s.index, sku, float(risk[i]), reasons.get(i, {})))
+                out.append(
+                    DeviceRisk(
+                        s.node,
+                        s.index,
+                        sku,
+                        float(risk[i]),
+                        reasons.get(i, {}),
+                        "model",
+                        missing[i],
+                    )
+                )
         for lost in fleet.lost:
             d = lost.device
             out.append(

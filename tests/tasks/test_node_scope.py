@@ -24,6 +24,21 @@ def test_the_view_discovers_and_samples_its_node_only() -> None:
     assert view.advance == twin.advance
 
 
+def test_the_view_answers_capabilities_modes_and_resets_for_its_node_only() -> None:
+    twin = SimBackend()
+    view = NodeView(twin, "v100-0")
+    assert view.telemetry_fields("v100-0", 0) == twin.telemetry_fields("v100-0", 0)
+    assert "remapped_rows_pending" not in view.telemetry_fields("v100-0", 0)
+    a100 = NodeView(twin, "a100-1")
+    twin.set_workload("a100-1", 2, "job-1", 0.5)
+    assert a100.device_processes("a100-1", 2) == ["tenant job-1"]
+    assert a100.partition_mode_state("a100-1", 0) == twin.partition_mode_state("a100-1", 0)
+    with pytest.raises(InvalidRequestError, match=r"\['a100-0'\] are not this view's node"):
+        a100.reset_devices([("a100-1", 0), ("a100-0", 0)])
+    with pytest.raises(InvalidRequestError, match="a100-0"):
+        a100.telemetry_fields("a100-0", 0)
+
+
 def test_a_node_outside_the_fleet_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match="node 'gpu-9' is not in the fleet"):
         NodeView(SimBackend(), "gpu-9")

@@ -7,7 +7,10 @@ of what it sees:
 * NVIDIA whole GPU: ``CUDA_VISIBLE_DEVICES=<index>``; a MIG instance:
   ``CUDA_VISIBLE_DEVICES=<MIG uuid>`` (the CUDA runtime accepts MIG UUIDs there).
 * Hygon DCU (ROCm/DTK build of torch): ``HIP_VISIBLE_DEVICES=<index>`` (the ROCm runtime
-  reads it; torch.cuda is HIP on that build).
+  reads it; torch.cuda is HIP on that build). A vDCU or Hygon MIG instance is confined by
+  a file the DTK/hyhal runtime reads, not by a variable: the rank also gets the paths its
+  launcher must make visible (``GPUFLOW_VDCU_CONF`` at ``GPUFLOW_VDCU_RUNTIME_PATH``,
+  ``GPUFLOW_DCU_MIG_CONF``; see gpuflow.hardware.hygon.confine for the sources).
 * The twin: no accelerator is touched (the rank trains on the CPU, CUDA hidden); the unit it
   reports its workload to is named by ``GPUFLOW_UNIT`` like on every other vendor.
 
@@ -24,11 +27,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.hardware.hygon import confine
 
 BACKENDS = ("gloo", "nccl")
 UNIT_ENV = "GPUFLOW_UNIT"  # the resource id a rank trains on (the twin reports to it)
 PLAN_ENV = "GPUFLOW_GANG_PLAN"  # the gang, for the rank processes (JSON)
-_VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+_VISIBILITY = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPUFLOW_VDCU_ID",
+    "GPUFLOW_VDCU_CONF",
+    "GPUFLOW_VDCU_RUNTIME_PATH",
+    "GPUFLOW_DCU_MIG_CONF",
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,11 @@ def rank_environment(unit: GangUnit) -> dict[str, str]:
             unit.resource_id if unit.kind == "mig" else str(unit.device_index)
         )
     elif unit.vendor == "hygon":
-        # A vDCU is carved by hy-smi on its device; the process addresses the device.
+        # HIP sees the card; the partition's file (vDCU / MIG) is what confines the rank to it.
         env["HIP_VISIBLE_DEVICES"] = str(unit.device_index)
+        if unit.kind == "vdcu":
+            env["GPUFLOW_VDCU_ID"] = unit.resource_id
+        env.update(confine.process_environment(unit.kind, [unit.resource_id]))
     else:
         raise InvalidRequestError(
             f"unit {unit.resource_id} has vendor {unit.vendor!r}: no way to bind a rank to it "

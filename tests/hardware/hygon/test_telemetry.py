@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gpuflow.hardware.backend import (
+    TELEMETRY_FIELDS,
     HardwareError,
 )
 from gpuflow.hardware.hygon import HygonBackend
@@ -25,7 +26,10 @@ def test_telemetry_and_energy_estimate(fake: Fake) -> None:
     assert s.sm_clock_mhz == 1500
     assert s.power_limit_mw == 300_000
     assert s.energy_mj == 0  # the estimate starts with this instance
-    assert (s.ecc_corrected_total, s.xids, s.remapped_rows_pending) == (0, (), False)
+    # hy-smi's output has no ECC, page/row, clock-event or XID fields: absent, not zero.
+    assert (s.ecc_corrected_total, s.xids, s.remapped_rows_pending) == (None, None, None)
+    assert s.unreadable_fields() == TELEMETRY_FIELDS
+    assert b.telemetry_fields(NODE, 0) == frozenset()
     now[0] = 110.0
     assert b.telemetry(NODE, 0).energy_mj == 1_200_000  # 120 W for 10 s
     fake.edit(lambda st: st["devices"][0].update(power_w=200.0))
@@ -39,6 +43,7 @@ def test_telemetry_of_a_device_that_fell_off(fake: Fake, backend: HygonBackend) 
     fake.edit(lambda s: s["devices"][1].update(present=False))
     s = backend.telemetry(NODE, 1)
     assert not s.present and s.power_mw == 0
+    assert s.xids is None and s.ecc_uncorrected_total is None  # hy-smi never reads them
     assert backend.telemetry(NODE, 0).present
 
 

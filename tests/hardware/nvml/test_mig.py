@@ -144,9 +144,9 @@ def test_mig_mode_switch_and_pending_reset():
     assert b.partition_mode(NODE, 0) is True and b.mig_mode(NODE, 0) == (True, True)
 
     fake.device(1).mig_needs_reset = True
-    with pytest.raises(HardwareError, match="reset"):
-        b.set_partition_mode(NODE, 1, True)
+    b.set_partition_mode(NODE, 1, True)  # left pending: the apply's reset phase resets it
     assert b.mig_mode(NODE, 1) == (False, True)
+    assert b.partition_mode_state(NODE, 1).reset_pending
     assert b.partition_mode(NODE, 1) is False
     with pytest.raises(HardwareError, match="pending"):
         b.create_partitions(NODE, 1, [R("1g.10gb")])
@@ -171,3 +171,30 @@ def test_disabling_mig_with_partitions_is_refused_first():
     b.destroy_partitions(NODE, 0)
     b.set_partition_mode(NODE, 0, False)
     assert b.mig_mode(NODE, 0) == (False, False)
+
+
+# -- other geometries ---------------------------------------------------------------------
+
+
+def test_a30_has_four_compute_and_four_memory_slices():
+    fake = FakeNvml(["a30"])
+    mig_on(fake, 0)
+    b = backend(fake)
+    made = b.create_partitions(NODE, 0, [R("2g.12gb"), R("1g.6gb"), R("1g.6gb")])
+    assert sorted((p.placement_start, p.profile) for p in made) == [
+        (0, "2g.12gb"),  # largest first
+        (2, "1g.6gb"),
+        (3, "1g.6gb"),
+    ]
+    assert {g.profile.id for g in fake.device(0).gpu_instances.values()} == {5, 14}
+    assert fake.nvmlDeviceGetMaxMigDeviceCount(fake.device(0).handle) == 4
+    fake.calls.clear()
+    with pytest.raises(LayoutError):  # every slice is taken
+        b.create_partitions(NODE, 0, [R("1g.6gb")])
+    assert not _created_anything(fake)
+    b.destroy_partitions(NODE, 0)
+    with pytest.raises(LayoutError) as e:
+        b.create_partitions(NODE, 0, [R("4g.24gb"), R("1g.6gb+me")])
+    assert e.value.rule == "placement"
+    [whole] = b.create_partitions(NODE, 0, [R("4g.24gb")])
+    assert (whole.placement_start, whole.placement_size, whole.memory_mb) == (0, 4, 24000)

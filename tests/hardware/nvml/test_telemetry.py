@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+from gpuflow.hardware.backend import TELEMETRY_FIELDS
 from gpuflow.hardware.nvml import decode_clock_event_reasons
+from gpuflow.hardware.telemetry_fields import NVML_PAGE_RETIREMENT, NVML_ROW_REMAPPING
 
 from tests.hardware.nvml.helpers import NODE, FakeNvml, backend, mig_on
 
@@ -39,7 +41,7 @@ def test_telemetry_decoding():
     assert (s.memory_used_mb, s.memory_total_mb, s.sm_clock_mhz) == (30_000, 40960, 1410)
     assert s.power_limit_mw == 400_000
     assert (s.ecc_corrected_total, s.ecc_uncorrected_total) == (5, 1)  # volatile by default
-    assert s.retired_pages == 0  # A100 remaps rows; page retirement is NOT_SUPPORTED
+    assert s.retired_pages is None  # A100 remaps rows; page retirement is NOT_SUPPORTED
     assert (s.remapped_rows_correctable, s.remapped_rows_uncorrectable) == (3, 1)
     assert s.remapped_rows_pending is True and s.remapped_rows_failure is False
     assert s.clock_event_reasons == ("SwPowerCap", "HwThermalSlowdown")
@@ -63,8 +65,9 @@ def test_telemetry_degrades_not_supported_fields():
     b = backend(fake)
     s = b.telemetry(NODE, 0)
     assert s.retired_pages == 3  # both causes
-    assert s.remapped_rows_correctable == 0 and not s.remapped_rows_pending  # V100: none
-    assert (s.ecc_corrected_total, s.ecc_uncorrected_total) == (0, 0)
+    # V100: no row remapping, and ECC off: absent, not zero.
+    assert (s.remapped_rows_correctable, s.remapped_rows_pending) == (None, None)
+    assert (s.ecc_corrected_total, s.ecc_uncorrected_total) == (None, None)
     assert s.clock_event_reasons == ("GpuIdle",)  # from the pre-r535 ThrottleReasons call
     assert "nvmlDeviceGetCurrentClocksThrottleReasons" in fake.calls
     assert b.telemetry(NODE, 1).utilization_ratio == 0.0  # MIG on: no utilization
@@ -77,3 +80,50 @@ def test_xids_reach_only_registered_event_sets():
     fake.inject_xid(0, 13)
     assert b.telemetry(NODE, 0).xids == (13,)
     assert b.telemetry(NODE, 1).xids == (94,)
+
+
+def test_probed_fields_match_what_nvml_offers_per_architecture():
+    fake = FakeNvml(["a100-40gb", "v100", "h100"])
+    b = backend(fake)
+    assert b.telemetry_fields(NODE, 0) == NVML_ROW_REMAPPING
+    assert b.telemetry_fields(NODE, 1) == NVML_PAGE_RETIREMENT  # V100: no remapped rows
+    assert b.telemetry_fields(NODE, 2) == NVML_ROW_REMAPPING
+    v = b.telemetry(NODE, 1)
+    assert v.unreadable_fields() == TELEMETRY_FIELDS - NVML_PAGE_RETIREMENT
+    assert (v.retired_pages, v.ecc_corrected_total, v.xids) == (0, 0, ())  # read: zero
+    assert v.remapped_rows_failure is None
+
+
+def test_fields_are_probed_once_and_not_asked_for_again():
+    fake = FakeNvml(["v100"])
+    b = backend(fake)
+    b.telemetry(NODE, 0)
+    probes = fake.calls.count("nvmlDeviceGetRemappedRows")
+    assert probes == 1  # the probe, which answered NOT_SUPPORTED
+    for _ in range(3):
+        assert b.telemetry(NODE, 0).remapped_rows_pending is None
+    assert fake.calls.count("nvmlDeviceGetRemappedRows") == probes
+
+
+def test_ecc_off_and_no_event_set_leave_ecc_and_xids_absent():
+    fake = FakeNvml(["a100-40gb"])
+    fake.device(0).ecc_enabled = False
+    fake.device(0).xid_events_supported = False  # the fake refuses nvmlDeviceRegisterEvents
+    b = backend(fake)
+    fields = b.telemetry_fields(NODE, 0)
+    assert not fields & {"ecc_corrected_total", "ecc_uncorrected_total", "xids"}
+    assert "remapped_rows_pending" in fields
+    s = b.telemetry(NODE, 0)
+    assert (s.ecc_corrected_total, s.ecc_uncorrected_total, s.xids) == (None, None, None)
+    assert s.remapped_rows_pending is False  # readable, and nothing pending
+
+
+def test_a_lost_gpu_reads_no_counters():
+    fake = FakeNvml(["a100-40gb"])
+    b = backend(fake)
+    b.discover()
+    fake.inject_xid(0, 79)
+    fake.lose_gpu(0)
+    s = b.telemetry(NODE, 0)
+    assert s.present is False and s.xids == (79,)
+    assert s.ecc_corrected_total is None and s.remapped_rows_pending is None

@@ -59,6 +59,7 @@ class Proxy(Backend):
         self.creates = 0
         self.modes = 0
         self.destroys = 0
+        self.resets = 0
         self.armed = True
 
     def discover(self):
@@ -75,6 +76,16 @@ class Proxy(Backend):
 
     def partition_mode(self, node, index):
         return self.inner.partition_mode(node, index)
+
+    def partition_mode_state(self, node, index):
+        return self.inner.partition_mode_state(node, index)
+
+    def device_processes(self, node, index):
+        return self.inner.device_processes(node, index)
+
+    def reset_devices(self, devices):
+        self.resets += 1
+        return self.inner.reset_devices(devices)
 
     def set_partition_mode(self, node, index, enabled):
         self.modes += 1
@@ -118,7 +129,7 @@ class Proxy(Backend):
 
     @property
     def mutations(self) -> int:
-        return self.creates + self.modes + self.destroys
+        return self.creates + self.modes + self.destroys + self.resets
 
 
 def exact_state(backend: Backend) -> dict[str, tuple]:

@@ -211,3 +211,22 @@ def test_no_applied_layout_exceeds_slices_or_memory(actions: list[tuple]) -> Non
             assert len(vd) <= 4
             assert sum(p.compute_units for p in vd) <= k100.compute_units
             assert sum(p.memory_mb for p in vd) <= k100.memory_total_mb
+
+
+def test_a_dcu_is_partitioned_exactly_while_it_has_vdcus(quiet: SimBackend) -> None:
+    """The twin's Hygon mode reads as hy-smi reports it (no per-DCU switch)."""
+    quiet.set_partition_mode("dcu-0", 0, True)  # nothing to switch on: a no-op
+    assert quiet.partition_mode("dcu-0", 0) is False
+    assert quiet.partition_mode_state("dcu-0", 0).current is False
+    (v,) = quiet.create_partitions(
+        "dcu-0", 0, [PartitionRequest("vdcu", compute_units=20, memory_mb=4096)]
+    )
+    assert quiet.partition_mode("dcu-0", 0) is True
+    with pytest.raises(HardwareError, match="destroy its partitions first"):
+        quiet.set_partition_mode("dcu-0", 0, False)
+    quiet.destroy_partitions("dcu-0", 0, [v.uuid])
+    assert quiet.partition_mode("dcu-0", 0) is False  # no flag left behind
+    quiet.set_partition_mode("dcu-0", 0, False)
+    # NVIDIA keeps its mode: on with nothing carved is a state there.
+    quiet.set_partition_mode("a100-0", 0, True)
+    assert quiet.partition_mode("a100-0", 0) is True and quiet.partitions("a100-0", 0) == []

@@ -20,8 +20,9 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def __call__(self, node, index, risk, features, sku, reason="model") -> str:
+    def __call__(self, node, index, risk, features, sku, reason="model", missing=()) -> str:
         self.calls.append((node, index, risk, reason))
+        self.missing = tuple(missing)
         return f"ev-{len(self.calls)}"
 
 

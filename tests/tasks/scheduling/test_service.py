@@ -103,11 +103,8 @@ def test_vdcu_request_creates_a_vdcu_and_hygon_variables(cluster) -> None:
     env = placed["env"]["env_by_node"]["dcu-0"]
     assert env["HIP_VISIBLE_DEVICES"] == "0" and env["GPUFLOW_VDCU_ID"] == vdcu.uuid
     k8s = placed["env"]["job_variables"]
-    assert k8s["resources"]["limits"] == {
-        "hygon.com/dcunum": "1",
-        "hygon.com/dcumem": "8192",
-        "hygon.com/dcucores": "33",
-    }
+    # A vDCU gpuflow carved beforehand: Hygon's plugin's pre-created vDCU resource.
+    assert k8s["resources"]["limits"] == {"hygon.com/dcu-share-20c-8g": "1"}
     assert k8s["pod_annotations"] == {"hygon.com/use-dcutype": "Z100"}
 
 

@@ -9,10 +9,14 @@ lets backend bugs through:
   not the ``NVML_GPU_INSTANCE_PROFILE_*`` enum; an enum that is no id of the device fails
   with NVML_ERROR_INVALID_ARGUMENT, and one that happens to equal another profile's id
   (enum 0 == id 0 == 7g) silently means that other profile, as on real hardware.
-- Placements per profile, memory-slice overlap, per-profile counts and the 7 compute
-  slices: NVML_ERROR_INSUFFICIENT_RESOURCES; remaining capacity is computed from them.
+- Placements per profile, memory-slice overlap, per-profile counts and the GPU's compute
+  slices (7 on an A100, 4 on an A30): NVML_ERROR_INSUFFICIENT_RESOURCES; remaining
+  capacity is computed from them.
 - MIG calls on a GPU without MIG mode: NVML_ERROR_NOT_SUPPORTED (the V100 always); a mode
-  change still pending a reset: NVML_ERROR_INVALID_STATE for instance creation.
+  change still pending a reset: NVML_ERROR_INVALID_STATE for instance creation. As nvml.h
+  documents, the v1 GI profile info and the possible placements answer with MIG mode off
+  on a MIG-capable GPU (``profiles_with_mig_off=False``: an R535 driver, whose v1 info
+  needs MIG on); the versioned (v2) info needs MIG on.
 - A GPU instance with live compute instances cannot be destroyed: NVML_ERROR_IN_USE.
 - Everything but nvmlInit/nvmlErrorString fails with NVML_ERROR_UNINITIALIZED before init.
 - XIDs only reach event sets that registered nvmlEventTypeXidCriticalError for the device;
@@ -21,7 +25,8 @@ lets backend bugs through:
 
 Handles are real ctypes pointers of pynvml's handle types (c_nvmlDevice_t, ...), and the
 structs are pynvml's own, so the backend cannot lean on anything real NVML would not give.
-Devices are built from hardware/skus.py.
+Devices are built from hardware/skus.py, plus cards no table knows (``FAKE_ONLY_CARDS``:
+"future-gpu", NVIDIA Future GPU) that only NVML's answers describe.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from tests.hardware.nvml.fake_pynvml.control import FakeControl
 from tests.hardware.nvml.fake_pynvml.mig import FakeMig
 from tests.hardware.nvml.fake_pynvml.model import (
     CONSTANTS,
+    FAKE_ONLY_CARDS,
     STRUCTS,
     FakeDevice,
     NVMLError,
@@ -40,6 +46,7 @@ from tests.hardware.nvml.fake_pynvml.telemetry import FakeTelemetry
 
 __all__ = [
     "CONSTANTS",
+    "FAKE_ONLY_CARDS",
     "STRUCTS",
     "FakeDevice",
     "FakeNvml",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ class FakeNvmlBase:
         privileged: bool = True,
         legacy_driver: bool = False,
         report_profile_names: bool = True,
+        profiles_with_mig_off: bool = True,
         driver_version: str = "550.54.15",
     ) -> None:
         self.devices = [make_device(i, name) for i, name in enumerate(devices)]
@@ -47,6 +49,8 @@ class FakeNvmlBase:
         self.privileged = privileged
         self.legacy_driver = legacy_driver  # no nvmlDeviceGetCurrentClocksEventReasons yet
         self.report_profile_names = report_profile_names  # v2 info.name filled in
+        # v1 GI profile info with MIG mode off: drivers after R535 answer it, R535 does not
+        self.profiles_with_mig_off = profiles_with_mig_off
         self.driver_version = driver_version
         self.calls: list[str] = []
         self.fail_next: dict[str, int] = {}  # function name -> NVML error code, once
@@ -88,6 +92,35 @@ class FakeNvmlBase:
         if d.gpu_instances and d.mig_pending != d.mig_current:
             raise nvml_error("NVML_ERROR_IN_USE")
         d.mig_current = d.mig_pending
+
+    def nvidia_smi(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """``nvidia-smi -r -i BUS[,BUS...]`` on these GPUs, as the real tool answers it:
+        refused (exit 255, its wording) while a compute process or a client holds one,
+        else every GPU reset: pending MIG modes applied, MIG instances gone."""
+        self.calls.append("nvidia-smi " + " ".join(argv[1:]))
+        if list(argv[:3]) != ["nvidia-smi", "-r", "-i"] or len(argv) != 4:
+            return subprocess.CompletedProcess(list(argv), 2, "", "fake nvidia-smi: -r -i only\n")
+        by_bus = {d.bus_id: d for d in self.devices}
+        targets = [by_bus.get(b) for b in argv[3].split(",")]
+        if any(t is None for t in targets):
+            return subprocess.CompletedProcess(list(argv), 6, "No devices were found\n", "")
+        busy = [d for d in targets if d is not None and (d.processes or d.holders)]
+        if busy:
+            lines = [f"GPU {d.bus_id} is currently in use by another process." for d in busy]
+            lines.append(
+                f"\n{len(busy)} device is currently being used by one or more other processes "
+                "(e.g., Fabric Manager, CUDA application, graphics application such as an X "
+                "server, or a monitoring application such as another instance of nvidia-smi). "
+                "Please first kill all processes using this device and all compute "
+                "applications running in the system."
+            )
+            return subprocess.CompletedProcess(list(argv), 255, "\n".join(lines) + "\n", "")
+        for d in targets:
+            assert d is not None
+            d.gpu_instances.clear()
+            d.mig_current = d.mig_pending
+        out = "".join(f"GPU {d.bus_id} was successfully reset.\n" for d in targets if d)
+        return subprocess.CompletedProcess(list(argv), 0, out + "All done.\n", "")
 
     def advance(self, seconds: float) -> None:
         """Let time pass: the energy counter grows by power x time."""
@@ -198,6 +231,25 @@ class FakeNvmlBase:
         info.pciDeviceId = int(d.spec.pci_device_id or "0x0", 16)
         info.pciSubSystemId = 0x145F10DE
         return info
+
+    @api()
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        d = self._dev(handle)
+        out = []
+        for pid in d.processes:
+            info = _real.c_nvmlProcessInfo_t()
+            info.pid = pid
+            info.usedGpuMemory = 512 * 1024 * 1024
+            info.gpuInstanceId = info.computeInstanceId = 0xFFFFFFFF
+            out.append(info)
+        return out
+
+    @api()
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        for d in self.devices:
+            if pid in d.processes:
+                return d.processes[pid]
+        raise nvml_error("NVML_ERROR_NOT_FOUND")
 
     @api()
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:

@@ -7,7 +7,6 @@ import uuid as _uuid
 from typing import Any
 
 import pynvml as _real
-from gpuflow.hardware.skus import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
 
 from tests.hardware.nvml.fake_pynvml.base import FakeNvmlBase
 from tests.hardware.nvml.fake_pynvml.model import (
@@ -55,8 +54,12 @@ class FakeMig(FakeNvmlBase):
         if not d.mig_capable or d.mig_current != C["NVML_DEVICE_MIG_ENABLE"]:
             raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
 
-    def _profile(self, d: FakeDevice, profile_id: int) -> GiProfile:
-        self._mig_enabled(d)
+    def _profile(self, d: FakeDevice, profile_id: int, mig_on: bool = True) -> GiProfile:
+        """The profile with this *id*; ``mig_on``: the call also needs MIG mode enabled."""
+        if mig_on:
+            self._mig_enabled(d)
+        elif not d.mig_capable:
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
         p = d.profile_by_id(profile_id)
         if p is None:
             raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
@@ -67,10 +70,18 @@ class FakeMig(FakeNvmlBase):
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: Any, profile: int, version: int = 2
     ) -> Any:
+        if version not in (1, 2):  # pynvml itself refuses other versions
+            raise nvml_error("NVML_ERROR_FUNCTION_NOT_FOUND")
         d = self._dev(device)
-        # NVML: NOT_SUPPORTED "if device doesn't have MIG mode enabled or profile isn't
-        # supported"; an enum outside the NVML_GPU_INSTANCE_PROFILE_* range is invalid.
-        self._mig_enabled(d)
+        # nvml.h: the v1 call answers NOT_SUPPORTED "if device doesn't support MIG or
+        # profile isn't supported", so it answers with MIG mode off too (drivers after
+        # R535; profiles_with_mig_off=False plays an R535 that needs MIG on). The versioned
+        # call (v2) adds "doesn't have MIG mode enabled". An enum outside the
+        # NVML_GPU_INSTANCE_PROFILE_* range is invalid.
+        if version == 2 or not self.profiles_with_mig_off:
+            self._mig_enabled(d)
+        elif not d.mig_capable:
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
         if not 0 <= profile < C["NVML_GPU_INSTANCE_PROFILE_COUNT"]:
             raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
         p = next((x for x in d.profiles if x.enum == profile), None)
@@ -80,14 +91,13 @@ class FakeMig(FakeNvmlBase):
             info = _real.c_nvmlGpuInstanceProfileInfo_v2_t()
             if self.report_profile_names:
                 info.name = f"MIG {p.name}".encode()
-        elif version == 1:
-            info = _real.c_nvmlGpuInstanceProfileInfo_t()
         else:
-            raise nvml_error("NVML_ERROR_FUNCTION_NOT_FOUND")
+            info = _real.c_nvmlGpuInstanceProfileInfo_t()
         info.id = p.id
         info.isP2pSupported = 0
         info.sliceCount = p.compute_slices
-        info.instanceCount = p.instance_count
+        reported = p.reported_instance_count
+        info.instanceCount = p.instance_count if reported is None else reported
         info.multiprocessorCount = 14 * p.compute_slices
         info.copyEngineCount = p.compute_slices
         info.memorySizeMB = p.memory_mb
@@ -98,7 +108,9 @@ class FakeMig(FakeNvmlBase):
         self, device: Any, profileId: int, placementsRef: Any, countRef: Any
     ) -> int:
         d = self._dev(device)
-        p = self._profile(d, profileId)
+        # nvml.h: "all the possible placements for the given profile regardless of whether
+        # MIG is enabled or not".
+        p = self._profile(d, profileId, mig_on=False)
         count = deref(countRef)
         if placementsRef is None:  # the documented size query
             count.value = len(p.starts)
@@ -118,7 +130,7 @@ class FakeMig(FakeNvmlBase):
         return C["NVML_SUCCESS"]
 
     def _used_slices(self, d: FakeDevice) -> list[bool]:
-        used = [False] * MIG_MEMORY_SLICES
+        used = [False] * d.memory_slices_total
         for gi in d.gpu_instances.values():
             for s in range(gi.start, gi.start + gi.profile.memory_slices):
                 used[s] = True
@@ -135,13 +147,14 @@ class FakeMig(FakeNvmlBase):
         d = self._dev(device)
         p = self._profile(d, profileId)
         used = self._used_slices(d)
-        compute_left = MIG_COMPUTE_SLICES - self._compute_used(d)
+        compute_left = d.compute_slices_total - self._compute_used(d)
         left = p.instance_count - self._count_of(d, p)
         n = 0
         for s in p.starts:
             if n >= left or compute_left < p.compute_slices:
                 break
-            if s + p.memory_slices <= MIG_MEMORY_SLICES and not any(used[s : s + p.memory_slices]):
+            end = s + p.memory_slices
+            if end <= d.memory_slices_total and not any(used[s:end]):
                 for k in range(s, s + p.memory_slices):
                     used[k] = True
                 compute_left -= p.compute_slices
@@ -155,7 +168,7 @@ class FakeMig(FakeNvmlBase):
         used = self._used_slices(d)
         if (
             self._count_of(d, p) >= p.instance_count
-            or self._compute_used(d) + p.compute_slices > MIG_COMPUTE_SLICES
+            or self._compute_used(d) + p.compute_slices > d.compute_slices_total
             or any(used[start : start + p.memory_slices])
         ):
             raise nvml_error("NVML_ERROR_INSUFFICIENT_RESOURCES")
@@ -378,13 +391,13 @@ class FakeMig(FakeNvmlBase):
     @api()
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
         d = self._dev(device)
-        return MIG_COMPUTE_SLICES if d.mig_capable else 0
+        return d.compute_slices_total
 
     @api()
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
         d = self._dev(device)
         self._mig_enabled(d)
-        if not 0 <= index < MIG_COMPUTE_SLICES:
+        if not 0 <= index < d.compute_slices_total:
             raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
         migs = self._mig_devices(d)
         if index >= len(migs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid as _uuid
 from collections.abc import Callable
@@ -10,9 +11,10 @@ from typing import Any
 
 import pynvml as _real
 from gpuflow.hardware.skus import (
-    MIG_MEMORY_SLICES,
+    MigGeometry,
+    MigSlot,
     SkuSpec,
-    mig_enum_names,
+    build_mig_profiles,
     sku,
 )
 
@@ -90,6 +92,58 @@ NVML_MEMORY_TOTAL_MB = {
     "NVIDIA H200": 143771,
 }
 
+# GI profile memory (MiB, by profile id) that real cards report in `nvidia-smi mig -lgip`;
+# other profiles get the 95 % estimate of _gi_profiles.
+NVML_PROFILE_MEMORY_MB: dict[str, dict[int, int]] = {
+    "NVIDIA A100-SXM4-40GB": {19: 4864, 20: 4864, 15: 9984, 14: 9984, 9: 20096, 5: 20096, 0: 40448},
+    "NVIDIA H100 80GB HBM3": {
+        19: 9984,
+        20: 9984,
+        15: 20096,
+        14: 20096,
+        9: 40448,
+        5: 40448,
+        0: 81152,
+    },
+    "NVIDIA A30": {14: 5952, 21: 5952, 5: 11968, 6: 11968, 0: 24000},
+}
+
+
+def _future_gpu() -> SkuSpec:
+    """A made-up MIG GPU in no table (its name and PCI id are nowhere in hardware/skus.py
+    or mig-parted's files), with its own geometry: 4 compute slices over 8 memory slices,
+    profile ids no real card uses. Only what NVML reports can partition it.
+    """
+    geometry = MigGeometry(
+        4,
+        8,
+        (
+            MigSlot("1_SLICE", 30, 1, 2, 4, (0, 2, 4, 6)),
+            MigSlot("1_SLICE_REV1", 31, 1, 2, 1, (0, 2, 4, 6)),
+            MigSlot("2_SLICE", 32, 2, 4, 2, (0, 4)),
+            MigSlot("4_SLICE", 33, 4, 8, 1, (0,)),
+        ),
+    )
+    mem = 131072
+    base = sku("h100")
+    return dataclasses.replace(
+        base,
+        name="NVIDIA Future GPU",
+        pci_device_id="0x2FF010DE",
+        memory_total_mb=mem,
+        mig_geometry=geometry,
+        mig_profiles=build_mig_profiles(
+            ("1g.32gb", "1g.32gb+me", "2g.64gb", "4g.128gb"), mem, geometry
+        ),
+    )
+
+
+# Cards the fake models that hardware/skus.py does not know, by alias and by NVML name.
+FAKE_ONLY_CARDS: dict[str, SkuSpec] = {}
+for _card in (_future_gpu(),):
+    FAKE_ONLY_CARDS[_card.name] = _card
+FAKE_ONLY_CARDS["future-gpu"] = FAKE_ONLY_CARDS["NVIDIA Future GPU"]
+
 # Compute-instance profile enum per slice count (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE).
 CI_ENUM_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 UINT_MAX = 0xFFFFFFFF
@@ -109,6 +163,9 @@ class GiProfile:
     instance_count: int
     memory_mb: int
     starts: tuple[int, ...]
+    # What the profile info says, when a driver reports a wrong count (the A30's bug);
+    # instance_count is what the GPU enforces.
+    reported_instance_count: int | None = None
 
 
 @dataclass
@@ -143,9 +200,13 @@ class FakeDevice:
     memory_total_mb: int
     bus_id: str
     profiles: list[GiProfile]
+    compute_slices_total: int = 0  # the MIG geometry's slices (0 without MIG)
+    memory_slices_total: int = 0
     mig_current: int = 0
     mig_pending: int = 0
     mig_needs_reset: bool = False  # True: a mode change waits for reset_gpu()
+    processes: dict[int, str] = field(default_factory=dict)  # compute pid -> name
+    holders: list[str] = field(default_factory=list)  # clients NVML does not list (DCGM)
     gpu_instances: dict[int, GpuInstance] = field(default_factory=dict)
     lost: bool = False
     handle: Any = None
@@ -195,13 +256,17 @@ class EventSet:
 
 
 def _gi_profiles(spec: SkuSpec, memory_total_mb: int) -> list[GiProfile]:
-    if not spec.mig_profiles:
+    geometry = spec.mig_geometry
+    if not spec.mig_profiles or geometry is None:
         return []
+    known = NVML_PROFILE_MEMORY_MB.get(spec.name, {})
     out = []
-    for enum_name, p in zip(mig_enum_names(), spec.mig_profiles, strict=True):
-        # NVML's instance memory is a little under slices x (total / 8): the driver keeps
-        # some back. 95 % matches A100-40GB's 1g.5gb (4864 of 5120 MiB).
-        memory_mb = int(p.placement_size * memory_total_mb / MIG_MEMORY_SLICES * 0.95)
+    for slot, p in zip(geometry.slots, spec.mig_profiles, strict=True):
+        # NVML's instance memory is a little under slices x (total / memory slices): the
+        # driver keeps some back. 95 % matches A100-40GB's 1g.5gb (4864 of 5120 MiB).
+        estimate = int(p.placement_size * memory_total_mb / geometry.memory_slices * 0.95)
+        memory_mb = known.get(p.profile_id, estimate)
+        enum_name = slot.enum
         out.append(
             GiProfile(
                 enum=C["NVML_GPU_INSTANCE_PROFILE_" + enum_name],
@@ -227,7 +292,7 @@ def _graphics_clocks(spec: SkuSpec) -> list[int]:
 
 
 def make_device(index: int, sku_name: str) -> FakeDevice:
-    spec = sku(sku_name)
+    spec = FAKE_ONLY_CARDS.get(sku_name) or sku(sku_name)
     if spec.vendor != "NVIDIA":
         raise ValueError(f"{sku_name}: NVML only sees NVIDIA GPUs")
     total = NVML_MEMORY_TOTAL_MB.get(spec.name, spec.memory_total_mb)
@@ -238,6 +303,8 @@ def make_device(index: int, sku_name: str) -> FakeDevice:
         memory_total_mb=total,
         bus_id=f"00000000:{0x10 + index:02X}:00.0",
         profiles=_gi_profiles(spec, total),
+        compute_slices_total=spec.mig_geometry.compute_slices if spec.mig_geometry else 0,
+        memory_slices_total=spec.mig_geometry.memory_slices if spec.mig_geometry else 0,
         row_remapping=spec.supports_mig,
         power_mw=spec.power_idle_mw,
         sm_clock_mhz=spec.sm_clock_min_mhz,

@@ -111,6 +111,10 @@ class FakeTelemetry(FakeNvmlBase):
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         d = self._dev(handle)
         es = self._event_set(eventSet)
+        # A test may set xid_events_supported=False on a device: a GPU (or a container
+        # without the capability) on which NVML refuses to register events.
+        if not getattr(d, "xid_events_supported", True):
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
         supported = (
             C["nvmlEventTypeXidCriticalError"]
             | C["nvmlEventTypeSingleBitEccError"]

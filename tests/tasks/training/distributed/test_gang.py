@@ -82,6 +82,32 @@ def test_real_devices_see_exactly_their_leased_unit() -> None:
         rank_environment(GangUnit("X", "h", 0, "acme"))
 
 
+def test_a_hygon_partition_rank_is_pointed_at_its_partition_not_just_the_card() -> None:
+    vdcu = GangUnit("vdcu-6", "d0", 1, "hygon", "vdcu", "vdcu")
+    mig = GangUnit("dcu2-mig-gi1", "d0", 2, "hygon", "mig", "2g.15gb")
+    assert rank_environment(vdcu) == {
+        UNIT_ENV: "vdcu-6",
+        "HIP_VISIBLE_DEVICES": "1",
+        "GPUFLOW_VDCU_ID": "vdcu-6",
+        "GPUFLOW_VDCU_CONF": "/etc/vdev/vdev6.conf",
+        "GPUFLOW_VDCU_RUNTIME_PATH": "/etc/vdev/docker/vdev6.conf",
+    }
+    assert rank_environment(mig) == {
+        UNIT_ENV: "dcu2-mig-gi1",
+        "HIP_VISIBLE_DEVICES": "2",
+        "GPUFLOW_DCU_MIG_CONF": "/etc/dmi_mig_config/ci/dev2gi1ci0.conf",
+    }
+    # A rank rebound from a vDCU to a whole card keeps nothing of the vDCU.
+    environ = dict(rank_environment(vdcu))
+    bind_this_rank([GangUnit("DCU-9", "d0", 3, "hygon")], 0, environ)
+    assert environ == {UNIT_ENV: "DCU-9", "HIP_VISIBLE_DEVICES": "3"}
+    # NVIDIA is as before: nothing Hygon-specific.
+    assert rank_environment(GangUnit("MIG-7f3c", "h0", 2, "nvidia", "mig", "3g.20gb")) == {
+        UNIT_ENV: "MIG-7f3c",
+        "CUDA_VISIBLE_DEVICES": "MIG-7f3c",
+    }
+
+
 def test_a_gang_that_cannot_split_its_batch_is_refused_before_it_starts() -> None:
     spec = small_spec("odd")  # batch 2
     three = [GangUnit(f"r{i}", "n", i, "sim") for i in range(3)]
