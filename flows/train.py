@@ -75,14 +75,20 @@ def train(
     run_id = open_train_run_task(spec, experiment, parent_run_id)
     with fail_on_error(run_id):
         if trains_as_gang(spec, pre):
-            result = _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_s)
+            result, units = _train_gang(
+                spec, device, storage, cluster, run_id, priority, preempt, wait_s
+            )
         else:
-            result = _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s)
+            result, units = _train_one(
+                spec, device, storage, cluster, run_id, priority, preempt, wait_s
+            )
         record_train_results_task(run_id, result)
         if log_model and not result.stopped_by_request:
             log_trained_model_task(run_id, spec, storage)
     close_run_task(run_id, "FINISHED")
-    return {"run_id": run_id, **result.to_dict()}
+    # Where it ran (rank 0's unit first): compare_precision pins its other arms there.
+    placement = {"units": [b.resource.resource_id for b in units], "sku": units[0].resource.sku}
+    return {"run_id": run_id, **result.to_dict(), "placement": placement}
 
 
 def _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s):
@@ -100,7 +106,7 @@ def _train_one(spec, device, storage, cluster, run_id, priority, preempt, wait_s
         ok, stopped = True, result.stopped_by_request
     finally:
         release_placement_task(cluster, binding, spec.job_id, ok=ok, stopped_by_request=stopped)
-    return result
+    return result, [binding]
 
 
 def _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_s):
@@ -127,7 +133,7 @@ def _train_gang(spec, device, storage, cluster, run_id, priority, preempt, wait_
         ok, stopped = True, result.stopped_by_request
     finally:
         release_placement_task(cluster, bindings[0], spec.job_id, ok=ok, stopped_by_request=stopped)
-    return result
+    return result, bindings
 
 
 def _remember(cluster, spec, storage, device, run_id) -> None:

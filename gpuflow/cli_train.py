@@ -173,6 +173,10 @@ def train_cmd(
             "parameters, gradients and optimizer state; needs --gpus 2 or more)."
         ),
     ] = "ddp",
+    grad_clip_norm: Annotated[
+        float | None,
+        typer.Option(help="Clip the total gradient norm to this (positive); default: no clipping."),
+    ] = None,
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
     from gpuflow.flows.train import train
@@ -190,6 +194,7 @@ def train_cmd(
         nodes=nodes,
         max_restarts=max_restarts,
         parallel=parallel,
+        grad_clip_norm=grad_clip_norm,
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
     with _StepProgress():
@@ -211,6 +216,12 @@ def train_cmd(
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     table.add_row("precision switches", str(len(result["switches"])))
     console.print(table)
+    # auto's evidence, so the user sees why it runs in the dtype it does.
+    for d in result.get("decisions", []):
+        console.print(
+            f"precision A/B, steps {d['first_step']}-{d['last_step']} ({d['trigger']}): "
+            f"{d['reason']}"
+        )
 
 
 @clean_errors

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from gpuflow.tasks.training.guard import refuse_nonfinite_state
 from gpuflow.tasks.training.hashing import HashingWriter, hash_pool, sha256_of
 from gpuflow.tasks.training.storage import (
     CheckpointStore,
@@ -219,6 +220,7 @@ class CheckpointManager:
             )
         self.refuse_other_model(fingerprint)
         self._refuse_stale_token()
+        refuse_nonfinite_state(state, step)  # keep_last must never rotate good ones out
 
         checkpoint_id = checkpoint_id_for(step)
         nonce = secrets.token_hex(4)

@@ -15,6 +15,14 @@ def compare_results(results: dict[str, dict[str, Any]], threshold: float) -> lis
         raise ValueError("the comparison needs the fp32 baseline")
     if not base.get("eval_loss"):
         raise ValueError("the fp32 baseline has no eval loss (was it stopped early?)")
+    where = base.get("placement")
+    moved = [p for p, r in results.items() if r.get("placement", where) != where]
+    if moved:
+        # A ratio between two devices measures the devices, not the precision.
+        raise ValueError(
+            f"candidates {moved} ran elsewhere than the fp32 baseline ({where}); "
+            "every arm must run on the baseline's units"
+        )
     rows = []
     for policy, res in results.items():
         if policy == "fp32":

@@ -226,7 +226,18 @@ def result_metrics(result: TrainResult) -> dict[str, Any]:
         "steps_done": result.steps_done,
         "resumed_from_step": result.resumed_from_step,
         "precision_switches": len(result.switches),
+        **_ab_metrics(result),
     }
+
+
+def _ab_metrics(result: TrainResult) -> dict[str, float]:
+    """What ``auto``'s last completed A/B measured: the reduced dtype's step speedup over
+    fp32 on this device (the compare view lines it up with the run's own speedup)."""
+    done = [d for d in result.decisions if d["timed_steps"] > 0]
+    if not done:
+        return {}
+    last = done[-1]
+    return {"precision_ab_speedup": last["speedup"], "precision_ab_probes": float(len(done))}
 
 
 preflight_task = task(preflight, name="preflight", cache_policy=NONE)

@@ -66,10 +66,21 @@ def tag_placement(run_id: str, binding: Binding) -> None:
 
 
 def record_train_results(run_id: str, result: TrainResult, logger: Logger = log) -> None:
-    """The result's metrics, precision_switches.json, and one log line per switch."""
+    """The result's metrics, precision_switches.json and (``auto``) the A/B evidence in
+    precision_decisions.json, with one log line per switch and per A/B."""
     log_metrics(run_id, result_metrics(result))
     switches = [s.to_dict() for s in result.switches]
     log_json(run_id, switches, "precision_switches.json")
+    if result.decisions:
+        log_json(run_id, result.decisions, "precision_decisions.json")
+    for d in result.decisions:
+        logger.info(
+            "precision A/B over steps %d-%d (%s): %s",
+            d["first_step"],
+            d["last_step"],
+            d["trigger"],
+            d["reason"],
+        )
     for d in switches:
         logger.info(
             "precision switch at step %d: %s -> %s (%s)", d["step"], d["from"], d["to"], d["reason"]

@@ -6,6 +6,7 @@ import re
 import uuid
 from typing import Literal
 
+from gpuflow.tasks.training.guard import validate_clip_norm
 from gpuflow.tasks.training.models import MODELS, model_spec
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -31,6 +32,11 @@ class TrainSpec(BaseModel):
     seq_len: int | None = Field(default=None, ge=2, description="Language models only.")
     lr: float | None = Field(default=None, gt=0)
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
+    grad_clip_norm: float | None = Field(
+        default=None,
+        description="Clip the total gradient norm (L2, after unscaling) to this; none: no "
+        "clipping. The norm is taken either way: a non-finite one skips the step.",
+    )
     checkpoint_interval: int = Field(default=50, ge=1, description="Steps between checkpoints.")
     keep_last: int = Field(default=3, ge=1)
     seed: int = Field(default=0, ge=0)
@@ -61,6 +67,12 @@ class TrainSpec(BaseModel):
         if value is not None and not _JOB_ID.match(value):
             raise ValueError(f"job_id {value!r}: use 1-128 letters, digits, '_', '.', '-'")
         return value
+
+    @field_validator("grad_clip_norm")
+    @classmethod
+    def _grad_clip_norm(cls, value: float | None) -> float | None:
+        # inf/NaN would "clip" to nothing or poison every gradient; 0 would erase them.
+        return validate_clip_norm(value)
 
     @field_validator("model")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlflow
 import pytest
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+from gpuflow.flows import compare_precision as compare_precision_module
 from gpuflow.flows.compare_precision import compare_precision
 from gpuflow.flows.train import train
 from gpuflow.hardware.inventory import Inventory
@@ -136,15 +137,37 @@ def test_train_refuses_missing_bucket(s3_server: str) -> None:
     assert Inventory().leases() == []
 
 
-def test_compare_precision_puts_speedup_and_delta_on_parent(tmp_path) -> None:
+def test_compare_precision_puts_speedup_and_delta_on_parent(tmp_path, monkeypatch) -> None:
     reduced = cpu_reduced_policy()  # bf16 where the CPU has it natively, else fp16
+    asked: list[DeviceRequest | None] = []
+
+    def spy(job, device=None, **kw):
+        asked.append(device)
+        return train(job, device=device, **kw)
+
+    monkeypatch.setattr(compare_precision_module, "train", spy)
     out = compare_precision(
         _spec("cmp", steps=20, checkpoint_interval=20),
         candidates=["auto", reduced],
         storage=CheckpointStorage(path=str(tmp_path)),
     )
+    # The baseline goes where the scheduler puts it; every candidate is pinned to its unit.
+    assert asked[0] is None
     client = mlflow.MlflowClient(tracking_uri())
     parent = client.get_run(out["parent_run_id"])
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
+    by_policy = {c.data.tags["gpuflow.precision_policy"]: c for c in children}
+    base = by_policy["fp32"].data.tags
+    for request in asked[1:]:
+        assert request is not None and request.sku == base["gpuflow.sku"]
+        assert request.resource_id == base["gpuflow.resource_id"]
+    assert all(
+        (c.data.tags["gpuflow.resource_id"], c.data.tags["gpuflow.sku"])
+        == (base["gpuflow.resource_id"], base["gpuflow.sku"])
+        for c in children
+    )
     for policy in ("auto", reduced):
         assert parent.data.metrics[f"speedup_{policy}"] > 0
         assert parent.data.metrics[f"convergence_delta_{policy}"] >= 0

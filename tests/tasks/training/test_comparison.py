@@ -93,3 +93,17 @@ def test_candidate_without_eval_loss() -> None:
     results = {"fp32": BASE, "auto": _result(4.0, 80.0, 40.0), "bf16": _result(None, 80.0, 40.0)}
     with pytest.raises(ValueError, match="candidate bf16 has no eval loss"):
         compare_results(results, threshold=0.005)
+
+
+def test_arms_on_other_units_than_the_baseline_are_refused() -> None:
+    here = {"units": ["GPU-a"], "sku": "NVIDIA A100-SXM4-40GB"}
+    there = {"units": ["GPU-b"], "sku": "NVIDIA A100-SXM4-40GB"}
+    results = {
+        "fp32": _result(4.0, 120.0, 100.0, placement=here),
+        "auto": _result(4.0, 80.0, 40.0, placement=here),
+        "bf16": _result(4.0, 80.0, 40.0, placement=there),
+    }
+    with pytest.raises(ValueError, match=r"candidates \['bf16'\] ran elsewhere"):
+        compare_results(results, threshold=0.005)
+    del results["bf16"]
+    assert [r["policy"] for r in compare_results(results, threshold=0.005)] == ["auto"]

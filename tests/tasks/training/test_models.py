@@ -19,7 +19,7 @@ from gpuflow.tasks.training.models import (
     lm_loss,
     model_spec,
 )
-from gpuflow.tasks.training.models.llama import Attention, apply_rope, rope_tables
+from gpuflow.tasks.training.models.llama import Attention, apply_rope, rope_full, rope_tables
 from gpuflow.tasks.training.models.resnet import STAGE_NAMES
 
 torch.set_num_threads(1)
@@ -92,16 +92,18 @@ def test_gqa_matches_reference_attention_with_shared_kv_heads() -> None:
     torch.manual_seed(0)
     config = tiny_config(n_heads=4, n_kv_heads=2)
     attn = Attention(config)
-    assert attn.wk.out_features == 2 * config.head_dim < attn.wq.out_features
+    hd = config.head_dim
+    # One fused projection: 4 query heads, then 2 key and 2 value heads.
+    assert attn.wqkv.out_features == (4 + 2 + 2) * hd
     x = torch.randn(2, 7, config.dim)
     cos, sin = rope_tables(config.head_dim, 7)
-    got = attn(x, cos, sin)
+    got = attn(x, *rope_full(cos, sin))
 
     # Reference: query head h attends with kv head h // 2, explicit softmax and causal mask.
-    hd = config.head_dim
-    q = apply_rope(attn.wq(x).view(2, 7, 4, hd).transpose(1, 2), cos, sin)
-    k = apply_rope(attn.wk(x).view(2, 7, 2, hd).transpose(1, 2), cos, sin)
-    v = attn.wv(x).view(2, 7, 2, hd).transpose(1, 2)
+    wq, wk, wv = attn.wqkv.weight.split((4 * hd, 2 * hd, 2 * hd))
+    q = apply_rope((x @ wq.T).view(2, 7, 4, hd).transpose(1, 2), cos, sin)
+    k = apply_rope((x @ wk.T).view(2, 7, 2, hd).transpose(1, 2), cos, sin)
+    v = (x @ wv.T).view(2, 7, 2, hd).transpose(1, 2)
     mask = torch.ones(7, 7, dtype=torch.bool).tril()
     heads = []
     for h in range(4):

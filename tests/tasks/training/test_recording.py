@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from gpuflow.tasks.tracking import open_run, tracking_client
+from gpuflow.tasks.training.autoprecision import Switch
 from gpuflow.tasks.training.binding import Binding
 from gpuflow.tasks.training.loop import TrainResult
-from gpuflow.tasks.training.precision import Switch
 from gpuflow.tasks.training.recording import (
     open_comparison_run,
     open_train_run,

@@ -1,39 +1,62 @@
-"""Exact resume: N steps in one go == k steps, SIGKILL, resume to N (CPU, fp32), bit for bit."""
+"""Exact resume: N steps in one go == k steps, SIGKILL, resume to N (CPU), bit for bit.
+
+fp32, and ``auto`` killed after its A/B switched it to bf16 and resumed from a checkpoint
+written in the middle of that A/B: the probe continues where it was and decides as the
+uninterrupted run did. The step times ``auto`` sees are the test's (a table per dtype,
+fed through the policy's ``observe``), so its decisions cannot depend on this machine's
+load; everything else (the model, bf16 autocast, the checkpoint) is real.
+"""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 from gpuflow.tasks.training.checkpoint import CheckpointManager
 from gpuflow.tasks.training.storage import LocalStorage
 
 RUN = textwrap.dedent(
     """
-    import os, signal, sys, torch
+    import json, os, signal, sys, torch
     torch.set_num_threads(1)
+    from pathlib import Path
+    from gpuflow.tasks.training import precision
+    from gpuflow.tasks.training.autoprecision import AutoPrecision
     from gpuflow.tasks.training.loop import train_loop
     from gpuflow.tasks.training.spec import TrainSpec
     from gpuflow.tasks.training.storage import LocalStorage
-    job, root, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    job, root, kill_at, policy, cpuinfo = sys.argv[1:6]
+    kill_at = int(kill_at)
+    precision.CPUINFO_PATH = Path(cpuinfo)  # bf16 available whatever this CPU's flags
+    SECONDS = {torch.float32: 0.010, torch.bfloat16: 0.006}
+    real_observe = AutoPrecision.observe
+    def observe(self, step, util, loss, overflowed, skipped=None, step_time_s=None):
+        return real_observe(self, step, util, loss, overflowed, skipped=skipped,
+                            step_time_s=SECONDS[self.current_dtype])
+    AutoPrecision.observe = observe
     spec = TrainSpec(job_id=job, model="llama-tiny", steps=30, checkpoint_interval=10,
-                     precision="fp32", seed=7)
+                     precision=policy, seed=7)
     def die(info):
         if info.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     result = train_loop(spec, LocalStorage(root), hooks=[die] if kill_at else [])
     print("resumed_from", result.resumed_from_step)
+    print("switches", json.dumps([s.to_dict() for s in result.switches]))
     """
 )
 
 
-def _run(job: str, root: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
+def _run(
+    job: str, root: Path, kill_at: int, policy: str, cpuinfo: Path
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", RUN, job, str(root), str(kill_at)],
+        [sys.executable, "-c", RUN, job, str(root), str(kill_at), policy, str(cpuinfo)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -47,18 +70,35 @@ def _final_weights(root: Path, job: str) -> dict[str, torch.Tensor]:
     return loaded.state["model"]
 
 
-def test_sigkill_and_resume_is_bit_identical(tmp_path: Path) -> None:
-    straight = _run("straight", tmp_path, kill_at=0)
-    assert straight.returncode == 0, straight.stderr
+def _switches(out: str) -> list[dict[str, object]]:
+    line = next(x for x in out.splitlines() if x.startswith("switches "))
+    return json.loads(line.removeprefix("switches "))
 
-    killed = _run("killed", tmp_path, kill_at=23)  # after the step-20 checkpoint
+
+@pytest.mark.parametrize("policy", ["fp32", "auto"])
+def test_sigkill_and_resume_is_bit_identical(tmp_path: Path, policy: str) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor : 0\nflags : avx512f avx512_bf16\n")
+    straight = _run("straight", tmp_path, 0, policy, cpuinfo)
+    assert straight.returncode == 0, straight.stderr
+    if policy == "auto":
+        # The A/B (steps 4-23) times fp32, bf16, fp32, bf16 and keeps bf16; the step-20
+        # checkpoint falls inside it, the kill after its last switch.
+        assert [(s["step"], s["to"]) for s in _switches(straight.stdout)] == [
+            (8, "bf16"),
+            (13, "fp32"),
+            (18, "bf16"),
+        ]
+
+    killed = _run("killed", tmp_path, 23, policy, cpuinfo)  # after the step-20 checkpoint
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     ids = [c.checkpoint_id for c in CheckpointManager(LocalStorage(tmp_path), "killed").list()]
     assert ids[-1] == "step-000000020"
 
-    resumed = _run("killed", tmp_path, kill_at=0)
+    resumed = _run("killed", tmp_path, 0, policy, cpuinfo)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed_from 20" in resumed.stdout
+    assert _switches(resumed.stdout) == _switches(straight.stdout)
 
     a, b = _final_weights(tmp_path, "straight"), _final_weights(tmp_path, "killed")
     assert a.keys() == b.keys()
