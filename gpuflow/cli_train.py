@@ -177,6 +177,13 @@ def train_cmd(
         float | None,
         typer.Option(help="Clip the total gradient norm to this (positive); default: no clipping."),
     ] = None,
+    compile_model: Annotated[
+        bool,
+        typer.Option(
+            "--compile/--no-compile",
+            help="torch.compile the model's forward (pays on long runs; see docs/training.md).",
+        ),
+    ] = False,
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
     from gpuflow.flows.train import train
@@ -195,6 +202,7 @@ def train_cmd(
         max_restarts=max_restarts,
         parallel=parallel,
         grad_clip_norm=grad_clip_norm,
+        compile=compile_model,
     )
     store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
     with _StepProgress():

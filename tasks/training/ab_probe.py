@@ -87,6 +87,9 @@ class ProbeConfig:
     untimed_steps: int = 1
     rounds: int = 2
     min_gain: float = 0.05
+    # A candidate this many times slower than fp32 after one block of each is not timed
+    # again (fp16 emulated on a CPU runs ~12x slower: a second block would cost minutes).
+    stop_when_slower: float = 2.0
 
     def __post_init__(self) -> None:
         _positive_int("probe timed_steps", self.timed_steps, 1)
@@ -94,6 +97,10 @@ class ProbeConfig:
         _positive_int("probe rounds", self.rounds, 1)
         if not (isinstance(self.min_gain, (int, float)) and 0.0 <= self.min_gain < 1.0):
             raise ValueError(f"probe min_gain must be in [0, 1); got {self.min_gain!r}")
+        if not (isinstance(self.stop_when_slower, (int, float)) and self.stop_when_slower > 1.0):
+            raise ValueError(
+                f"probe stop_when_slower must be a ratio > 1; got {self.stop_when_slower!r}"
+            )
 
     @property
     def block_steps(self) -> int:
@@ -117,6 +124,7 @@ class ABProbe:
     first_step: int
     position: int = 0  # steps of the probe done
     times: dict[str, list[float]] = field(default_factory=dict)  # timed steps per arm
+    stopped_early: bool = False  # the candidate was far slower after one block of each
 
     def __post_init__(self) -> None:
         if self.first not in (self.reference, self.candidate):
@@ -139,7 +147,7 @@ class ABProbe:
 
     @property
     def done(self) -> bool:
-        return self.position >= self.config.total_steps
+        return self.stopped_early or self.position >= self.config.total_steps
 
     def record(self, step_time_s: float) -> None:
         """The step just run (in ``dtype``) took ``step_time_s``."""
@@ -150,6 +158,10 @@ class ABProbe:
         if self.position % self.config.block_steps >= self.config.untimed_steps:
             self.times[dtype_name(self.dtype)].append(float(step_time_s))
         self.position += 1
+        if self.position % self.config.block_steps == 0:  # a block ended
+            ref_s, cand_s, n = self._medians()
+            if n >= self.config.timed_steps and cand_s >= self.config.stop_when_slower * ref_s:
+                self.stopped_early = True
 
     def _medians(self) -> tuple[float, float, int]:
         ref = self.times[dtype_name(self.reference)]
@@ -171,6 +183,8 @@ class ABProbe:
             )
         else:
             verdict = "slower" if cand_s >= ref_s else f"under the {self.config.min_gain:.0%} gain"
+            if self.stopped_early:
+                verdict += f"; not timed again at {self.config.stop_when_slower:g}x or worse"
             reason = (
                 f"A/B: {cand_n} median step {cand_s * 1e3:.2f} ms vs {ref_n} {ref_s * 1e3:.2f} "
                 f"ms over {n} timed steps each ({ratio:.2f}x, {verdict}): staying {ref_n}"
@@ -215,6 +229,7 @@ class ABProbe:
             "first_step": self.first_step,
             "position": self.position,
             "times": {k: list(v) for k, v in self.times.items()},
+            "stopped_early": self.stopped_early,
         }
 
     @classmethod
@@ -233,4 +248,5 @@ class ABProbe:
             first_step=int(state["first_step"]),
             position=int(state["position"]),
             times={str(k): [float(x) for x in v] for k, v in state["times"].items()},
+            stopped_early=bool(state.get("stopped_early", False)),
         )

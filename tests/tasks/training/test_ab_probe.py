@@ -92,6 +92,8 @@ def test_bad_config_and_input_are_refused_by_name() -> None:
         ProbeConfig(timed_steps=0)
     with pytest.raises(ValueError, match="min_gain"):
         ProbeConfig(min_gain=1.0)
+    with pytest.raises(ValueError, match="stop_when_slower"):
+        ProbeConfig(stop_when_slower=1.0)
     with pytest.raises(ValueError, match="format"):
         ABProbe.from_state(ProbeConfig(), {**_probe().state_dict(), "format": 99})
     p = _probe()

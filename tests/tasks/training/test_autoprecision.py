@@ -90,6 +90,16 @@ def test_on_a_v100_twin_auto_stays_fp32_and_says_why(caplog: pytest.LogCaptureFi
     assert any("staying fp32" in r.getMessage() for r in caplog.records)
 
 
+def test_a_candidate_far_slower_is_not_timed_a_second_round() -> None:
+    # fp16 emulated on a CPU: ~12x slower. One block of each arm is evidence enough.
+    ap = AutoPrecision("auto", CPU, sku("v100"))
+    switches = drive(ap, range(1, 30), {FP32: 1.0, FP16: 12.0})
+    assert _path(switches) == [(8, "fp16"), (13, "fp32")]
+    [d] = ap.decisions
+    assert (d.last_step, d.timed_steps, d.chosen) == (13, 4, "fp32")
+    assert "not timed again at 2x or worse" in d.reason
+
+
 def test_a_gain_under_min_gain_is_not_taken() -> None:
     ap = AutoPrecision("auto", CPU, probe=ProbeConfig(min_gain=0.1))
     drive(ap, range(1, 40), {FP32: 1.0, BF16: 0.95})

@@ -4,12 +4,15 @@ fp32, and ``auto`` killed after its A/B switched it to bf16 and resumed from a c
 written in the middle of that A/B: the probe continues where it was and decides as the
 uninterrupted run did. The step times ``auto`` sees are the test's (a table per dtype,
 fed through the policy's ``observe``), so its decisions cannot depend on this machine's
-load; everything else (the model, bf16 autocast, the checkpoint) is real.
+load; everything else (the model, bf16 autocast, the checkpoint) is real. And fp32 under
+``compile``: torch.compile's backward is not deterministic unless the loop asks for
+deterministic algorithms, which it does.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -31,7 +34,7 @@ RUN = textwrap.dedent(
     from gpuflow.tasks.training.loop import train_loop
     from gpuflow.tasks.training.spec import TrainSpec
     from gpuflow.tasks.training.storage import LocalStorage
-    job, root, kill_at, policy, cpuinfo = sys.argv[1:6]
+    job, root, kill_at, policy, cpuinfo, compiled = sys.argv[1:7]
     kill_at = int(kill_at)
     precision.CPUINFO_PATH = Path(cpuinfo)  # bf16 available whatever this CPU's flags
     SECONDS = {torch.float32: 0.010, torch.bfloat16: 0.006}
@@ -41,7 +44,7 @@ RUN = textwrap.dedent(
                             step_time_s=SECONDS[self.current_dtype])
     AutoPrecision.observe = observe
     spec = TrainSpec(job_id=job, model="llama-tiny", steps=30, checkpoint_interval=10,
-                     precision=policy, seed=7)
+                     precision=policy, seed=7, compile=compiled == "1")
     def die(info):
         if info.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -53,14 +56,18 @@ RUN = textwrap.dedent(
 
 
 def _run(
-    job: str, root: Path, kill_at: int, policy: str, cpuinfo: Path
+    job: str, root: Path, kill_at: int, policy: str, cpuinfo: Path, compiled: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    argv = [job, str(root), str(kill_at), policy, str(cpuinfo), "1" if compiled else "0"]
+    # One inductor cache for the three runs: the first compiles, the others load it.
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
     return subprocess.run(
-        [sys.executable, "-c", RUN, job, str(root), str(kill_at), policy, str(cpuinfo)],
+        [sys.executable, "-c", RUN, *argv],
         capture_output=True,
         text=True,
         timeout=240,
         cwd=Path(__file__).parents[3],
+        env=env,
     )
 
 
@@ -75,11 +82,11 @@ def _switches(out: str) -> list[dict[str, object]]:
     return json.loads(line.removeprefix("switches "))
 
 
-@pytest.mark.parametrize("policy", ["fp32", "auto"])
-def test_sigkill_and_resume_is_bit_identical(tmp_path: Path, policy: str) -> None:
+@pytest.mark.parametrize(("policy", "compiled"), [("fp32", False), ("auto", False), ("fp32", True)])
+def test_sigkill_and_resume_is_bit_identical(tmp_path: Path, policy: str, compiled: bool) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor : 0\nflags : avx512f avx512_bf16\n")
-    straight = _run("straight", tmp_path, 0, policy, cpuinfo)
+    straight = _run("straight", tmp_path, 0, policy, cpuinfo, compiled)
     assert straight.returncode == 0, straight.stderr
     if policy == "auto":
         # The A/B (steps 4-23) times fp32, bf16, fp32, bf16 and keeps bf16; the step-20
@@ -90,12 +97,12 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path: Path, policy: str) -> Non
             (18, "bf16"),
         ]
 
-    killed = _run("killed", tmp_path, 23, policy, cpuinfo)  # after the step-20 checkpoint
+    killed = _run("killed", tmp_path, 23, policy, cpuinfo, compiled)  # after the step-20 checkpoint
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     ids = [c.checkpoint_id for c in CheckpointManager(LocalStorage(tmp_path), "killed").list()]
     assert ids[-1] == "step-000000020"
 
-    resumed = _run("killed", tmp_path, 0, policy, cpuinfo)
+    resumed = _run("killed", tmp_path, 0, policy, cpuinfo, compiled)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed_from 20" in resumed.stdout
     assert _switches(resumed.stdout) == _switches(straight.stdout)
