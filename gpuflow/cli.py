@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from gpuflow.cli_base import clean_errors, console
-from gpuflow.controlplane import DEFAULT_MLFLOW_PORT, DEFAULT_PREFECT_PORT
+from gpuflow.controlplane import DEFAULT_EXPORTER_PORT, DEFAULT_MLFLOW_PORT, DEFAULT_PREFECT_PORT
 from gpuflow.controlplane_address import LOOPBACK
 from gpuflow.hardware.backend import InvalidRequestError
 
@@ -30,7 +30,15 @@ app = typer.Typer(
 def _mount_capabilities() -> None:
     """`gpuflow --help` lists commands in the order they are registered (these two, then
     bench, up, join, down, demo below), then the command groups in this order."""
-    from gpuflow import cli_edge, cli_health, cli_hw, cli_remediate, cli_schedule, cli_train
+    from gpuflow import (
+        cli_edge,
+        cli_health,
+        cli_hw,
+        cli_remediate,
+        cli_schedule,
+        cli_telemetry,
+        cli_train,
+    )
 
     app.command("train")(cli_train.train_cmd)
     app.command("compare-precision")(cli_train.compare_precision_cmd)
@@ -40,6 +48,7 @@ def _mount_capabilities() -> None:
     app.add_typer(cli_remediate.app, name="remediate")
     app.add_typer(cli_schedule.app, name="schedule")
     app.add_typer(cli_edge.app, name="edge")
+    app.add_typer(cli_telemetry.app, name="telemetry")
 
 
 _mount_capabilities()
@@ -102,6 +111,17 @@ def _default_project_dir() -> Path:
     return here if (here / "prefect.yaml").is_file() else Path.cwd()
 
 
+ExporterPort = Annotated[
+    int,
+    typer.Option(
+        help="Port of this host's telemetry exporter (Prometheus scrapes it; 0 = any free)."
+    ),
+]
+NoExporter = Annotated[
+    bool, typer.Option("--no-exporter", help="Start no telemetry exporter on this host.")
+]
+
+
 @app.command("up")
 @clean_errors
 def up_cmd(
@@ -149,8 +169,10 @@ def up_cmd(
             "0.0.0.0 binds every interface and names the one with the default route."
         ),
     ] = LOOPBACK,
+    exporter_port: ExporterPort = DEFAULT_EXPORTER_PORT,
+    no_exporter: NoExporter = False,
 ) -> None:
-    """Start a local control plane: Prefect server, MLflow server, work pool, Blocks, deployments, workers."""
+    """Start a local control plane: Prefect server, MLflow server, work pool, Blocks, deployments, workers, telemetry exporter."""
     from pydantic import SecretStr
 
     from gpuflow import controlplane
@@ -168,6 +190,7 @@ def up_cmd(
             deploy=not no_deploy,
             report=lambda msg: status.update(f"gpuflow up: {msg}"),
             host=host,
+            exporter_port=None if no_exporter else exporter_port,
         )
     table = Table(title="gpuflow control plane")
     table.add_column("what")
@@ -175,6 +198,7 @@ def up_cmd(
     table.add_row("Prefect UI", plane.prefect_ui_url)
     table.add_row("Prefect API", plane.prefect_api_url)
     table.add_row("MLflow", plane.mlflow_url)
+    table.add_row("telemetry exporter", plane.exporter_url or "- (--no-exporter)")
     table.add_row("work pool", plane.pool)
     table.add_row("deployments", "\n".join(plane.deployments) or "-")
     for s in plane.services:
@@ -201,8 +225,17 @@ def join_cmd(
     project_dir: Annotated[
         Path | None, typer.Option(help="This host's gpuflow checkout (holds prefect.yaml).")
     ] = None,
+    exporter_host: Annotated[
+        str,
+        typer.Option(
+            help="Address this host's telemetry exporter binds: the one Prometheus reaches "
+            "this host by (0.0.0.0: every interface)."
+        ),
+    ] = LOOPBACK,
+    exporter_port: ExporterPort = DEFAULT_EXPORTER_PORT,
+    no_exporter: NoExporter = False,
 ) -> None:
-    """Join this host to a control plane: register its node there and start its worker."""
+    """Join this host to a control plane: register its node there, start its worker and its telemetry exporter."""
     from gpuflow import controlplane
 
     with console.status("gpuflow join") as status:
@@ -212,9 +245,11 @@ def join_cmd(
             project_dir or _default_project_dir(),
             mlflow_url=mlflow,
             report=lambda msg: status.update(f"gpuflow join: {msg}"),
+            exporter_host=exporter_host,
+            exporter_port=None if no_exporter else exporter_port,
         )
     for s in plane.services:
-        console.print(f"{s.name}: pid {s.pid}, log {s.log}")
+        console.print(f"{s.name}: pid {s.pid}, log {s.log}" + (f", {s.url}" if s.url else ""))
     console.print(f"node {node} joined {plane.prefect_ui_url}: {', '.join(plane.deployments)}")
 
 

@@ -9,6 +9,10 @@ triggers) → node queues and per-node deployments (gpuflow.controlplane_nodes) 
 join (on a host that owns devices): that host's node registered on a control plane
 elsewhere and a worker started for it, pointed at that control plane's Prefect and MLflow.
 
+Both start the host's telemetry exporter beside its workers (`gpuflow telemetry serve`, one
+per host: `up`'s exports the local backend, or its ``--node-worker`` nodes; `join`'s its
+node) and wait until its /metrics answers; its URL is recorded and printed.
+
 Every process gets its own session and a log under GPUFLOW_HOME/logs
 (gpuflow.controlplane_procs); their pids and command lines go to GPUFLOW_HOME/
 controlplane.json (`up`) or join-<node>.json (`join`), which is all `down` acts on. Those
@@ -50,6 +54,7 @@ from gpuflow.controlplane_procs import (
 )
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
+from gpuflow.tasks.telemetry.settings import DEFAULT_PORT as DEFAULT_EXPORTER_PORT
 from gpuflow.tasks.worker_queues import node_queue_name
 
 __all__ = ["ControlPlane", "ControlPlaneError", "Service", "down", "join", "up"]
@@ -58,6 +63,7 @@ STATE_FILE = "controlplane.json"
 POOL = "gpuflow-process"
 DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
+EXPORTER = "telemetry-exporter"  # the service name of a host's telemetry exporter
 SERVER_START_TIMEOUT_S = 180  # a server's first start migrates its database
 JOIN_CHECK_TIMEOUT_S = 10
 # Where `gpuflow up` reads the store URLs from (gpuflow.cli): kept from other processes.
@@ -82,6 +88,11 @@ class ControlPlane:
     def from_dict(cls, d: dict[str, Any]) -> ControlPlane:
         services = [Service(**s) for s in d.pop("services", [])]
         return cls(**d, services=services)
+
+    @property
+    def exporter_url(self) -> str | None:
+        """This host's telemetry exporter (/metrics), if one was started."""
+        return next((s.url for s in self.services if s.name == EXPORTER), None)
 
     def client_env(self) -> dict[str, str]:
         """What a process needs to use this control plane."""
@@ -249,6 +260,30 @@ def _node_worker(node: str) -> tuple[str, list[str], dict[str, str]]:
     return f"worker-{node}", argv, {"GPUFLOW_NODE": node}
 
 
+def _exporter(address: ListenAddress, port: int, nodes: tuple[str, ...]) -> list[str]:
+    """argv of this host's telemetry exporter: the nodes this host owns, or (none given)
+    everything its backend sees. The health model is the registered champion, else the
+    rules, as the monitor's."""
+    argv = [console_script("gpuflow"), "telemetry", "serve", "--host", address.bind]
+    argv += ["--port", str(port)]
+    for node in nodes:
+        argv += ["--node", node]
+    return argv
+
+
+def _start_exporter(
+    launch: _Launcher,
+    address: ListenAddress,
+    port: int,
+    nodes: tuple[str, ...],
+    env: dict[str, str],
+) -> None:
+    """Start the exporter and wait until it serves its first snapshot."""
+    url = address.url(port, "/metrics")
+    proc = launch(EXPORTER, _exporter(address, port, nodes), env, url)
+    wait_http(url, SERVER_START_TIMEOUT_S, proc, launch.logs / f"{EXPORTER}.log")
+
+
 def _mlflow_server(
     address: ListenAddress,
     port: int,
@@ -312,8 +347,10 @@ def up(
     deploy: bool = True,
     report: Report = print,
     host: str = LOOPBACK,
+    exporter_port: int | None = DEFAULT_EXPORTER_PORT,
 ) -> ControlPlane:
-    """Start the control plane on ``host``; on any failure stop what was started and raise."""
+    """Start the control plane on ``host``; on any failure stop what was started and raise.
+    ``exporter_port`` None starts no telemetry exporter."""
     address = listen_address(host)
     home = gpuflow_home()
     _check_not_running(home)
@@ -322,6 +359,8 @@ def up(
         raise InvalidRequestError(f"workers must be >= 0, got {workers}")
     validate_node_names(node_workers)
     prefect_port, mlflow_port = check_port(address, prefect_port), check_port(address, mlflow_port)
+    if exporter_port is not None:
+        exporter_port = check_port(address, exporter_port)
     stores = local_stores(home)
     stores.mlflow_dir.mkdir(parents=True, exist_ok=True)
 
@@ -398,6 +437,9 @@ def up(
             report(f"starting the worker of node {node}")
             name, argv, extra = _node_worker(node)
             launch(name, argv, {**base_env, **extra})
+        if exporter_port is not None:
+            report("starting the telemetry exporter")
+            _start_exporter(launch, address, exporter_port, node_workers, base_env)
         launch.check()
     except BaseException:
         report("start-up failed: stopping what was started")
@@ -436,14 +478,20 @@ def join(
     project_dir: Path,
     mlflow_url: str | None = None,
     report: Report = print,
+    exporter_host: str = LOOPBACK,
+    exporter_port: int | None = DEFAULT_EXPORTER_PORT,
 ) -> ControlPlane:
     """Join this host's ``node`` to the control plane whose Prefect API is ``control_url``:
-    its queue and per-node deployments registered there, and a worker for it started here
-    (recorded in join-<node>.json for `gpuflow down --node`)."""
+    its queue and per-node deployments registered there, and a worker for it started here,
+    with the node's telemetry exporter on ``exporter_host`` (None port: none) (recorded in
+    join-<node>.json for `gpuflow down --node`)."""
     validate_node_names((node,))
     home = gpuflow_home()
     _check_not_running(home, node)
     project_dir = _check_project(project_dir)
+    exporter_address = listen_address(exporter_host)
+    if exporter_port is not None:
+        exporter_port = check_port(exporter_address, exporter_port)
     control_url = _check_control(control_url)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -472,6 +520,9 @@ def join(
         report(f"starting the worker of node {node}")
         name, argv, extra = _node_worker(node)
         launch(name, argv, {**env, **extra})
+        if exporter_port is not None:
+            report(f"starting the telemetry exporter of node {node}")
+            _start_exporter(launch, exporter_address, exporter_port, (node,), env)
         launch.check()
     except BaseException:
         down(home, report=lambda _msg: None, node=node)

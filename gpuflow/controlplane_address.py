@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 
 from gpuflow.hardware.backend import InvalidRequestError
+from gpuflow.tasks.telemetry.settings import resolve_host
 
 LOOPBACK = "127.0.0.1"
 # Any address outside this machine works: connecting a UDP socket sends nothing, it only
@@ -62,14 +63,8 @@ def listen_address(host: str) -> ListenAddress:
     except ValueError:
         ip = None
     if ip is None:
-        try:
-            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise InvalidRequestError(
-                f"--host {host!r} is neither an IP address nor a name this machine resolves ({exc})"
-            ) from None
-        family, *_rest, sockaddr = infos[0]
-        return ListenAddress(bind=str(sockaddr[0]), advertised=host, family=family)
+        family, bind = resolve_host(host)  # the exporter's --host resolves the same way
+        return ListenAddress(bind=bind, advertised=host, family=family)
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
     bind = str(ip)
     if not ip.is_unspecified:
@@ -108,6 +103,7 @@ def check_port(address: ListenAddress, port: int) -> int:
         except OSError as exc:
             raise InvalidRequestError(
                 f"port {port} on {address.bind} cannot be bound ({exc.strerror}); pick "
-                "another (--prefect-port/--mlflow-port, 0 = any) or another --host"
+                "another (--prefect-port/--mlflow-port/--exporter-port, 0 = any) or another "
+                "--host"
             ) from None
     return port

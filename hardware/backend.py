@@ -265,6 +265,14 @@ class Backend(abc.ABC):
     def partitions(self, node: str, index: int) -> list[Partition]:
         """The partitions that exist on the device now."""
 
+    def gpu_instance_ids(self, node: str, index: int) -> dict[str, int]:
+        """The id the driver gave each partition's GPU instance, by partition UUID (what
+        DCGM exporter labels GPU_I_ID): NVML's GPU instance id, hy-smi's instance or
+        virtual-device number. {} where a backend has no such numbers of its own (the
+        twin); gpuflow.hardware.dcgm_mapping derives stable ones from placements then."""
+        self.device(node, index)  # an unknown device is an error here too
+        return {}
+
     @abc.abstractmethod
     def partition_mode(self, node: str, index: int) -> bool:
         """Whether hard partitioning (MIG / virtual devices) is enabled."""

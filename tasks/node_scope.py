@@ -69,6 +69,7 @@ class NodeView(Backend):
     energy_mj = _OnOwnNode()
     partition_profiles = _OnOwnNode()
     partitions = _OnOwnNode()
+    gpu_instance_ids = _OnOwnNode()
     partition_mode = _OnOwnNode()
     partition_mode_state = _OnOwnNode()
     set_partition_mode = _OnOwnNode()

@@ -174,6 +174,17 @@ class HygonBackend(Backend):
     def partitions(self, node: str, index: int) -> list[Partition]:
         return self._partitions(self._dcu(node, index))
 
+    def gpu_instance_ids(self, node: str, index: int) -> dict[str, int]:
+        """hy-smi's numbers: a MIG instance's GPU instance id (``hy-smi mig -lgi``), a
+        vDCU's virtual device number (``vdcu-<N>``, host-wide)."""
+        out: dict[str, int] = {}
+        for p in self.partitions(node, index):
+            if p.kind == "mig":
+                out[p.uuid] = mig.mig_gi(p.uuid)
+            elif p.uuid.startswith(vdcu.VDCU_PREFIX):
+                out[p.uuid] = int(p.uuid.removeprefix(vdcu.VDCU_PREFIX))
+        return out
+
     def partition_mode(self, node: str, index: int) -> bool:
         """True exactly while the DCU has vDCUs or MIG instances: hy-smi reports no per-DCU
         mode (vDCUs are carved with none; MIG mode is node-wide). The twin answers the same,

@@ -158,6 +158,10 @@ class NvmlBackend(Backend):
     def partitions(self, node: str, index: int) -> list[Partition]:
         return [p for p, _ in mig.list_partitions(self._device(node, index))]
 
+    def gpu_instance_ids(self, node: str, index: int) -> dict[str, int]:
+        """NVML's GPU instance id of each partition (nvmlGpuInstanceGetInfo().id)."""
+        return {p.uuid: gi.gi_id for p, gi in mig.list_partitions(self._device(node, index))}
+
     def mig_mode(self, node: str, index: int) -> tuple[bool, bool]:
         """(current, pending) MIG mode; they differ while a change waits for a GPU reset."""
         return mig.mig_mode(self._device(node, index))

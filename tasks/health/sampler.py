@@ -48,6 +48,8 @@ def validate_interval_s(interval_s: float) -> float:
 class LostDevice:
     device: DeviceInfo
     reason: str
+    # What it answered, if it did (present=False): the XIDs it left (79) are in there.
+    sample: TelemetrySample | None = None
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,11 @@ class TelemetrySampler:
 
     def sample_all(self) -> FleetSample:
         """One sample of every device."""
+        return self.sample_devices(self.backend.devices())
+
+    def sample_devices(self, devices: list[DeviceInfo]) -> FleetSample:
+        """One sample of each of ``devices`` (the telemetry exporter's scope)."""
         taken = time.time()
-        devices = self.backend.devices()
         samples: list[TelemetrySample] = []
         lost: list[LostDevice] = []
         unreadable: list[tuple[DeviceInfo, str]] = []
@@ -106,7 +111,7 @@ class TelemetrySampler:
                 unreadable.append((d, str(exc)))
                 continue
             if not s.present:
-                lost.append(LostDevice(d, "device lost: not present (fell off the bus)"))
+                lost.append(LostDevice(d, "device lost: not present (fell off the bus)", s))
                 continue
             samples.append(s)
         return FleetSample(

@@ -76,7 +76,10 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     seed(controlplane.local_stores(home).prefect_database)
     tour = _gpuflow("demo", "--quick", env=env, timeout=900)
     assert tour.returncode == 0, tour.stdout[-3000:] + tour.stderr[-3000:]
-    up = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=env, timeout=900)
+    up = _gpuflow(
+        "up", "--prefect-port", "0", "--mlflow-port", "0", "--exporter-port", "0", env=env,
+        timeout=900,
+    )  # fmt: skip
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     state = json.loads((home / "controlplane.json").read_text())
     client_env = {
@@ -118,6 +121,11 @@ def test_up_serves_and_applies_every_deployment(plane: dict) -> None:
         assert name in listed, f"deployment {name} missing:\n{listed}"
     again = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=plane["env"])
     assert again.returncode == 2 and "already up" in again.stderr
+    # The host's telemetry exporter: every twin device, in DCGM's names, URL recorded.
+    exporter = next(s for s in state["services"] if s["name"] == "telemetry-exporter")
+    with urllib.request.urlopen(exporter["url"], timeout=30) as resp:
+        served = resp.read().decode()
+    assert served.count("\nDCGM_FI_DEV_GPU_TEMP{") == 18 and "gpuflow_health_risk{" in served
 
 
 @pytest.mark.timeout(600)
@@ -314,7 +322,7 @@ def test_the_tour_ran_quietly_and_up_shows_its_runs(plane: dict) -> None:
 @pytest.mark.timeout(300)
 def test_down_stops_everything_up_started(plane: dict) -> None:
     pgids = {s["pid"] for s in plane["state"]["services"]}
-    assert len(pgids) == 3  # Prefect server, MLflow server, one worker
+    assert len(pgids) == 4  # Prefect server, MLflow server, one worker, telemetry exporter
     down = _gpuflow("down", env=plane["env"])
     assert down.returncode == 0, down.stderr
     assert _group_members(pgids) == []

@@ -32,6 +32,7 @@ def _nothing_started(home: Path) -> None:
         ({"node_workers": ("a100-0", "bad node")}, r"node names \['bad node'\]"),
         ({"workers": -1}, "workers must be >= 0, got -1"),
         ({"prefect_port": 70000}, "port 70000 is not in 1..65535"),
+        ({"exporter_port": 70000}, "port 70000 is not in 1..65535"),
     ],
 )
 def test_up_refuses_bad_input_before_starting_anything(
@@ -61,6 +62,19 @@ def test_join_refuses_a_control_plane_it_cannot_reach(
 ) -> None:
     with pytest.raises(InvalidRequestError, match=message):
         controlplane.join(control, "a100-1", ROOT, report=lambda _m: None)
+    _nothing_started(gpuflow_home)
+
+
+def test_join_refuses_a_bad_exporter_address_before_registering(gpuflow_home: Path) -> None:
+    # The control URL answers nothing: refused on the exporter's address before it is asked.
+    with pytest.raises(InvalidRequestError, match="--host 'no-such-host.invalid'"):
+        controlplane.join(
+            "http://127.0.0.1:1/api",
+            "a100-1",
+            ROOT,
+            report=lambda _m: None,
+            exporter_host="no-such-host.invalid",
+        )
     _nothing_started(gpuflow_home)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -149,6 +150,8 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
                 "0",
                 "--node-worker",
                 CONTROL_NODE,
+                "--exporter-port",
+                "0",
                 env=control_env,
                 timeout=900,
             )
@@ -161,6 +164,8 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
                 state["prefect_api_url"],
                 "--node",
                 GPU_NODE,
+                "--exporter-port",
+                "0",
                 env=env,
                 on=hosts.gpu_prefix,
             )
@@ -238,7 +243,15 @@ def test_the_control_plane_listens_on_its_address_and_keeps_secrets_out(box: dic
     joined = box["joined"]
     assert joined["prefect_api_url"] == state["prefect_api_url"]
     assert joined["mlflow_url"] == state["mlflow_url"]  # saved by `up`, read by `join`
-    assert [s["name"] for s in joined["services"]] == [f"worker-{GPU_NODE}"]
+    assert [s["name"] for s in joined["services"]] == [f"worker-{GPU_NODE}", "telemetry-exporter"]
+    # One telemetry exporter per host, each exporting the node it owns (the GPU host's
+    # listens on its own loopback): no device is exported twice.
+    exporter = next(s for s in state["services"] if s["name"] == "telemetry-exporter")
+    assert exporter["url"].startswith(f"http://{control}:")
+    with urllib.request.urlopen(exporter["url"], timeout=30) as resp:  # noqa: S310
+        served = resp.read().decode()
+    hosts_served = set(re.findall(r'^DCGM_FI_DEV_GPU_TEMP\{[^}]*Hostname="([^"]+)"', served, re.M))
+    assert hosts_served == {CONTROL_NODE}
 
     # The MLflow store's password: in no command line of the processes either host
     # started (the servers' children included), nor in the state files.
