@@ -299,6 +299,11 @@ class Llama(nn.Module):
         serve stale tables.
         """
         cos, sin = self.rope_cos, self.rope_sin
+        if torch.compiler.is_compiling():
+            # Traced (torch.compile, torch.export for ONNX): the cast is part of the graph,
+            # made from the buffers. A cached tensor would be a lifted constant, which the
+            # exporter's decomposition cannot place (IndexError in set_missing_meta_vals).
+            return rope_full(cos.to(dtype), sin.to(dtype))
         key = (dtype, cos.device, cos.data_ptr())
         cached = self._rope_cache.get(key)
         if cached is None:
