@@ -32,6 +32,7 @@ def _mount_capabilities() -> None:
     bench, up, join, down, demo below), then the command groups in this order."""
     from gpuflow import (
         cli_edge,
+        cli_energy,
         cli_health,
         cli_hw,
         cli_remediate,
@@ -49,6 +50,7 @@ def _mount_capabilities() -> None:
     app.add_typer(cli_schedule.app, name="schedule")
     app.add_typer(cli_edge.app, name="edge")
     app.add_typer(cli_telemetry.app, name="telemetry")
+    app.add_typer(cli_energy.app, name="energy")
 
 
 _mount_capabilities()
@@ -58,7 +60,16 @@ _mount_capabilities()
 
 # Each benchmark is a module gpuflow/bench/<name>_bench.py with
 # run(quick: bool, report: Callable[[str], None]) -> dict (JSON-ready, nested one level).
-BENCHMARKS = ("train", "scheduler", "service_pass", "downtime", "edge", "health", "distributed")
+BENCHMARKS = (
+    "train",
+    "scheduler",
+    "service_pass",
+    "downtime",
+    "edge",
+    "health",
+    "distributed",
+    "energy",
+)
 
 
 @app.command("bench")

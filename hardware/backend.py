@@ -339,13 +339,33 @@ class Backend(abc.ABC):
         utilization_ratio: float,
         memory_mb: int = 0,
         partition_uuid: str | None = None,
+        *,
+        memory_bound_ratio: float | None = None,
+        activity: float | None = None,
     ) -> None:
         """Tell the backend what a job runs on a device and how busy it keeps it.
 
         Real devices measure this themselves, so the default does nothing; the digital
         twin derives utilization, power and heat from it. Callers report unconditionally,
         so the same training loop runs unchanged on the twin and on real hardware.
+        ``memory_bound_ratio`` (share of the job's time at max clock that does not scale
+        with the SM clock, in [0, 1]) and ``activity`` (its switching power at full load
+        relative to the device's maximum, in (0, 1]) are the job's character; None leaves
+        it to the twin's default. The twin rejects values out of range
+        (InvalidRequestError) before anything changes.
         """
+
+    def device_delay_s(self, node: str, index: int, owner: str, busy_s: float) -> float:
+        """Extra seconds the device needs beyond ``busy_s`` of host-timed work at its
+        current clock.
+
+        Real devices return 0: their step time is already real. The twin returns
+        busy_s * (T(f) / T(f_max) - 1) for the owner's workload (report_workload's
+        character) at the clock it runs now - power limit, locked clocks and thermal state
+        all apply. A training loop sleeps that long inside the step, so the same loop shows
+        real slowdowns on the twin.
+        """
+        return 0.0
 
     def end_workload(self, owner: str) -> None:  # noqa: B027 - optional hook
         """The job ``owner`` no longer runs (see report_workload)."""

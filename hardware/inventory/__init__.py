@@ -2,14 +2,17 @@
 
 SQLite under GPUFLOW_HOME by default, any SQLAlchemy URL (PostgreSQL) for several hosts.
 Holds nodes, devices, partitions, cordons, the spare pool, leases (owner, expiry,
-renewal, attempt, fencing token), the per-job control channel, the scheduler's pass lock
-and a jobs registry whose lifecycle is lifecycle.py's state machine. Never imports Prefect.
+renewal, attempt, fencing token), the per-job control channel, the scheduler's pass lock,
+a jobs registry whose lifecycle is lifecycle.py's state machine, the ledger of power and
+clock changes to put back (settings.py) and each job's progress (progress.py). Never
+imports Prefect.
 """
 
 from __future__ import annotations
 
 from gpuflow.hardware.inventory.engine import default_url
 from gpuflow.hardware.inventory.lifecycle import ACTIVE_STATES, TRANSITIONS, WAITING_STATES
+from gpuflow.hardware.inventory.progress import JobProgress
 from gpuflow.hardware.inventory.records import (
     CONTROL_ACTIONS,
     CONTROL_STATUSES,
@@ -39,6 +42,7 @@ from gpuflow.hardware.inventory.records import (
     ResourceUnavailableError,
     SyncReport,
 )
+from gpuflow.hardware.inventory.setting_records import SettingRecord, SettingsConflictError
 from gpuflow.hardware.inventory.store import Inventory
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "Inventory",
     "InventorySnapshot",
     "JobConflictError",
+    "JobProgress",
     "JobRecord",
     "JobState",
     "JobTransitionError",
@@ -72,6 +77,8 @@ __all__ = [
     "PartitionRecord",
     "Resource",
     "ResourceUnavailableError",
+    "SettingRecord",
+    "SettingsConflictError",
     "SyncReport",
     "default_url",
 ]

@@ -188,3 +188,34 @@ changes = Table(
     Column("key", String(255), nullable=False),  # job id, resource id, node or device uuid
     sqlite_autoincrement=True,
 )
+
+# The device settings ledger (settings.py): what energy control changed on a device and what
+# to put back. One row per device slot, so "two holders changing one device" cannot be
+# written; ``version`` is what every takeover, rewind and release compares and swaps. A
+# column pair left NULL in applied_* is a setting the holder did not touch; NULL in
+# original_locked_* / original_applications_* means "none was set" (restore resets them).
+# A new table: create_all makes it in an older database, no schema version step needed.
+device_settings = Table(
+    "gf_device_settings",
+    metadata,
+    Column("node", String(255), primary_key=True),
+    Column("device_index", Integer, primary_key=True),
+    Column("device_uuid", String(255), nullable=True),
+    Column("holder", String(255), nullable=False),
+    Column("taken_from", String(255), nullable=True),  # whose change a restorer undoes
+    Column("original_power_limit_mw", Integer, nullable=True),
+    Column("applied_power_limit_mw", Integer, nullable=True),
+    Column("original_locked_min_mhz", Integer, nullable=True),
+    Column("original_locked_max_mhz", Integer, nullable=True),
+    Column("applied_locked_min_mhz", Integer, nullable=True),
+    Column("applied_locked_max_mhz", Integer, nullable=True),
+    Column("original_applications_mem_mhz", Integer, nullable=True),
+    Column("original_applications_sm_mhz", Integer, nullable=True),
+    Column("applied_applications_mem_mhz", Integer, nullable=True),
+    Column("applied_applications_sm_mhz", Integer, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+)
+Index("ix_gf_device_settings_holder", device_settings.c.holder)

@@ -9,6 +9,9 @@ Format (see hardware/data/default_cluster.yaml)::
       rate_per_node_day: 0.0065
       lemon_fraction: 0.05
       lemon_factor: 20
+    workload_defaults:           # optional: the character of a tenant that reports none
+      memory_bound_ratio: 0.39   # share of its time that does not scale with the SM clock
+      activity: 1.0              # its switching power at full load (1: the SKU's max limit)
     nodes:
       - name: a100-0
         region: cn-north
@@ -33,7 +36,17 @@ from gpuflow.hardware.sim.hazard import HazardModel
 from gpuflow.hardware.skus import SkuSpec, sku
 
 DEFAULT_AMBIENT_C = 30.0  # estimate: data-centre inlet air plus the sensor's offset at idle
-_TOP_KEYS = {"name", "seed", "nodes", "faults"}
+# The character of a tenant that reports none (Backend.report_workload, hardware.sim.
+# dvfs_model). m: the median of the GPU-bound workloads of the V100 fit (tasks.energy.
+# twin_fit over the Zeus trace; they range 0.0-0.94, falling with batch size). activity:
+# the calibration workload (full load at max clock draws the max power limit), the heaviest
+# case; the fit's median is 0.72. On a SKU with a fitted curve the cap headroom (the
+# average power a binding limit leaves, 0.91 of it on the V100) then holds such a tenant a
+# little below f_max even at the max limit ("SwPowerCap", as heavy jobs show on real V100s).
+DEFAULT_MEMORY_BOUND_RATIO = 0.39
+DEFAULT_ACTIVITY = 1.0
+_TOP_KEYS = {"name", "seed", "nodes", "faults", "workload_defaults"}
+_WORKLOAD_KEYS = {"memory_bound_ratio", "activity"}
 _NODE_KEYS = {"name", "region", "role", "devices", "ambient_c"}
 _GROUP_KEYS = {"sku", "count"}
 _FAULT_KEYS = {
@@ -77,12 +90,21 @@ class FaultSettings:
 
 
 @dataclass(frozen=True)
+class WorkloadDefaults:
+    """The character (dvfs_model) of a tenant that reports none."""
+
+    memory_bound_ratio: float = DEFAULT_MEMORY_BOUND_RATIO
+    activity: float = DEFAULT_ACTIVITY
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     seed: int
     nodes: tuple[NodeSpec, ...]
     faults: FaultSettings = field(default_factory=FaultSettings)
     source: str = "<packaged default>"
+    workload_defaults: WorkloadDefaults = field(default_factory=WorkloadDefaults)
 
     def device_slots(self) -> list[tuple[str, int, SkuSpec]]:
         """(node, index, sku) for every device, in spec order (the device ordinal)."""
@@ -123,6 +145,8 @@ class ClusterSpec:
             ),
             faults=FaultSettings(natural=bool(faults.get("natural", True)), hazard=hazard),
             source=source,
+            # States written before workload characters existed have no such key.
+            workload_defaults=WorkloadDefaults(**(data.get("workload_defaults") or {})),
         )
 
 
@@ -155,6 +179,7 @@ def parse_cluster_spec(data: object, source: str = "<memory>") -> ClusterSpec:
     if not _is_int(seed):
         raise _fail(source, "seed", f"must be an integer, got {seed!r}")
     faults = _parse_faults(data.get("faults"), source)
+    workload_defaults = _parse_workload_defaults(data.get("workload_defaults"), source)
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise _fail(source, "nodes", "must be a non-empty list of nodes")
@@ -166,7 +191,14 @@ def parse_cluster_spec(data: object, source: str = "<memory>") -> ClusterSpec:
             raise _fail(source, f"nodes[{i}] ({node.name!r})", "duplicate node name")
         seen.add(node.name)
         nodes.append(node)
-    return ClusterSpec(name=name, seed=seed, nodes=tuple(nodes), faults=faults, source=source)
+    return ClusterSpec(
+        name=name,
+        seed=seed,
+        nodes=tuple(nodes),
+        faults=faults,
+        source=source,
+        workload_defaults=workload_defaults,
+    )
 
 
 def _parse_node(raw: object, i: int, source: str) -> NodeSpec:
@@ -241,6 +273,22 @@ def _parse_faults(raw: object, source: str) -> FaultSettings:
     except ValueError as e:
         raise _fail(source, "faults", str(e)) from None
     return FaultSettings(natural=natural, hazard=hazard)
+
+
+def _parse_workload_defaults(raw: object, source: str) -> WorkloadDefaults:
+    if raw is None:
+        return WorkloadDefaults()
+    if not isinstance(raw, dict):
+        raise _fail(source, "workload_defaults", f"expected a mapping, got {raw!r}")
+    if set(raw) - _WORKLOAD_KEYS:
+        raise _fail(source, "workload_defaults", _unknown(set(raw), _WORKLOAD_KEYS))
+    m = raw.get("memory_bound_ratio", DEFAULT_MEMORY_BOUND_RATIO)
+    if not _is_number(m) or not 0.0 <= m <= 1.0:
+        raise _fail(source, "workload_defaults.memory_bound_ratio", f"must be in [0, 1], got {m!r}")
+    a = raw.get("activity", DEFAULT_ACTIVITY)
+    if not _is_number(a) or not 0.0 < a <= 1.0:
+        raise _fail(source, "workload_defaults.activity", f"must be in (0, 1], got {a!r}")
+    return WorkloadDefaults(memory_bound_ratio=float(m), activity=float(a))
 
 
 def load_cluster_spec(path: Path | None = None) -> ClusterSpec:

@@ -25,7 +25,7 @@ from gpuflow.hardware.backend import (
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.hardware.sim import clock as simclock
 from gpuflow.hardware.sim import fleet
-from gpuflow.hardware.sim.cluster_spec import load_cluster_spec
+from gpuflow.hardware.sim.cluster_spec import ClusterSpec, load_cluster_spec
 from gpuflow.hardware.sim.state import StateStore
 
 
@@ -64,7 +64,11 @@ class SimCore(Backend):
                 return
             if state.get("version") != fleet.STATE_VERSION:
                 return  # every call will say so, and reset() still works
-            if spec is not None and _canonical(spec.to_dict()) != _canonical(state["spec"]):
+            # Through from_dict: a state from before a spec field existed compares with
+            # that field's default.
+            if spec is not None and _canonical(spec.to_dict()) != _canonical(
+                ClusterSpec.from_dict(state["spec"]).to_dict()
+            ):
                 raise HardwareError(
                     f"the twin in {self.state_dir} was created from {state['spec_source']} "
                     f"(cluster {state['spec']['name']!r}); {self._spec_path} describes a "

@@ -310,6 +310,7 @@ def controls(state: dict[str, Any], dev: dict[str, Any], t: float) -> physics.Co
     m = F.thermal_multiplier(dev["fault"], t, s, dev["ambient_c"])
     return physics.Controls(
         load=workloads.device_load(state, dev, s.compute_units),
+        activity=workloads.device_activity(state, dev, s.compute_units),
         power_limit_mw=dev["power_limit_mw"],
         ambient_c=dev["ambient_c"],
         thermal_resistance_c_per_w=s.thermal_resistance_c_per_w * m,

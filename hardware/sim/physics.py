@@ -1,12 +1,13 @@
 """Power, heat and clock throttling of one device. Pure functions, closed form.
 
-Power: P(f) = P_static + a(load) * C * V(f)^2 * f, with a(load) = IDLE_ACTIVITY +
-(1 - IDLE_ACTIVITY) * load (clock trees toggle even with no kernel). V is flat at V_MIN_V
-below a knee (KNEE_RATIO * f_max) and rises linearly to V_MAX_V at f_max. Per SKU, C and
-P_static are solved from two published points (DESIGN.md section 4): idle at the minimum
-clock draws ``power_idle_mw``; full load at the maximum clock draws ``power_max_limit_mw``.
-nvidia-smi reports no voltage on these parts, so the curve's shape (V_MIN_V, V_MAX_V,
-KNEE_RATIO, IDLE_ACTIVITY) is this project's estimate; see docs/hardware.md.
+Power: P(f) = P_static + a * C * V(f)^2 * f, with a = IDLE_ACTIVITY + (activity -
+IDLE_ACTIVITY) * load: clock trees toggle even with no kernel, and a kernel draws the
+workload's ``activity`` (hardware.sim.dvfs_model; 1.0 unless a tenant says otherwise).
+V(f) is the SKU's voltage curve (dvfs_model.shape_of: flat below a knee, rising linearly
+to f_max; fitted to a power-limit trace for the V100, an estimate elsewhere). Per SKU, C
+and P_static are solved from two published points (DESIGN.md section 4): idle at the
+minimum clock draws ``power_idle_mw``; full load (activity 1) at the maximum clock draws
+``power_max_limit_mw``. IDLE_ACTIVITY is this project's estimate; see docs/hardware.md.
 
 Heat: a first-order RC model. The temperature relaxes toward ambient + R * P with time
 constant tau; over a step with constant power the solution is exact
@@ -16,11 +17,11 @@ crossed), and the crossing time is solved in closed form too.
 
 Clock controller, in order: demand (idle -> lowest allowed clock, "GpuIdle"; busy ->
 locked max, else application clock ("ApplicationsClocksSetting"), else f_max); the power
-limit lowers it until the power fits ("SwPowerCap"); at or above the software thermal
-target (slowdown - SW_THERMAL_MARGIN_C, engaged from ENGAGE_BAND_C below it) it is
-lowered so the steady temperature stays at the target ("SwThermalSlowdown"); at or above
-``slowdown_temp_c`` hardware slowdown drops it to f_min ("HwSlowdown",
-"HwThermalSlowdown"). Reaching ``shutdown_temp_c`` is a thermal shutdown (the caller's
+limit lowers it until the power at the workload's activity fits under the limit times the
+SKU's cap headroom ("SwPowerCap"); at or above the software thermal target (slowdown -
+SW_THERMAL_MARGIN_C, engaged from ENGAGE_BAND_C below it) it is lowered so the steady
+temperature stays at the target ("SwThermalSlowdown"); at or above ``slowdown_temp_c``
+hardware slowdown drops it to f_min ("HwSlowdown", "HwThermalSlowdown"). Reaching ``shutdown_temp_c`` is a thermal shutdown (the caller's
 business: a failure).
 """
 
@@ -29,11 +30,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpuflow.hardware.sim.dvfs_model import (  # noqa: F401 - the estimates, re-exported
+    ESTIMATED_SHAPE,
+    KNEE_RATIO,
+    V_MAX_V,
+    V_MIN_V,
+    DvfsShape,
+    shape_of,
+)
 from gpuflow.hardware.skus import SkuSpec
 
-V_MIN_V = 0.70  # estimate: typical 7 nm / 4 nm GPU floor voltage
-V_MAX_V = 1.05  # estimate: typical boost voltage
-KNEE_RATIO = 0.5  # estimate: V starts rising above half the max clock
 IDLE_ACTIVITY = 0.10  # estimate: dynamic activity with no kernel running
 SW_THERMAL_MARGIN_C = 5.0  # estimate: software target below the HW slowdown threshold
 ENGAGE_BAND_C = 2.0  # the software controller engages this far below its target
@@ -46,51 +52,49 @@ class PowerModel:
     f_max_mhz: int
     p_static_mw: float
     c_mw: float  # mW per (V^2 * GHz)
+    shape: DvfsShape = ESTIMATED_SHAPE
 
     @classmethod
-    def from_sku(cls, s: SkuSpec) -> PowerModel:
+    def from_sku(cls, s: SkuSpec, shape: DvfsShape | None = None) -> PowerModel:
+        """Calibrated to the SKU's two points; ``shape`` overrides its voltage curve."""
         fmin, fmax = s.sm_clock_min_mhz, s.sm_clock_max_mhz
-        d_min = _switching(fmin, fmin, fmax)
-        d_max = _switching(fmax, fmin, fmax)
+        shape = shape if shape is not None else shape_of(s.name)
+        d_min = shape.switching(fmin, fmax)
+        d_max = shape.switching(fmax, fmax)
         c = (s.power_max_limit_mw - s.power_idle_mw) / (d_max - IDLE_ACTIVITY * d_min)
         p_static = s.power_idle_mw - IDLE_ACTIVITY * c * d_min
-        return cls(f_min_mhz=fmin, f_max_mhz=fmax, p_static_mw=p_static, c_mw=c)
+        return cls(f_min_mhz=fmin, f_max_mhz=fmax, p_static_mw=p_static, c_mw=c, shape=shape)
+
+    @property
+    def knee_ratio(self) -> float:
+        return self.shape.knee_ratio
 
     def voltage_v(self, f_mhz: float) -> float:
-        return _voltage(f_mhz, self.f_min_mhz, self.f_max_mhz)
+        return self.shape.voltage_v(f_mhz, self.f_max_mhz)
 
-    def power_mw(self, f_mhz: float, load: float) -> float:
-        activity = IDLE_ACTIVITY + (1.0 - IDLE_ACTIVITY) * min(max(load, 0.0), 1.0)
-        return self.p_static_mw + activity * self.c_mw * _switching(
-            f_mhz, self.f_min_mhz, self.f_max_mhz
-        )
+    def power_mw(self, f_mhz: float, load: float, activity: float = 1.0) -> float:
+        """Average power at clock ``f_mhz`` with a kernel running ``load`` of the time,
+        drawing ``activity`` (dvfs_model) of the calibration workload's switching power."""
+        u = min(max(load, 0.0), 1.0)
+        a = IDLE_ACTIVITY + (activity - IDLE_ACTIVITY) * u
+        return self.p_static_mw + a * self.c_mw * self.shape.switching(f_mhz, self.f_max_mhz)
 
-    def max_clock_for_power(self, limit_mw: float, load: float, f_lo: int, f_hi: int) -> int:
+    def max_clock_for_power(
+        self, limit_mw: float, load: float, f_lo: int, f_hi: int, activity: float = 1.0
+    ) -> int:
         """Highest integer clock in [f_lo, f_hi] whose power fits ``limit_mw`` (f_lo if none)."""
-        if f_hi <= f_lo or self.power_mw(f_hi, load) <= limit_mw:
+        if f_hi <= f_lo or self.power_mw(f_hi, load, activity) <= limit_mw:
             return max(f_hi, f_lo) if f_hi >= f_lo else f_lo
-        if self.power_mw(f_lo, load) > limit_mw:
+        if self.power_mw(f_lo, load, activity) > limit_mw:
             return f_lo
         lo, hi = f_lo, f_hi  # power(lo) fits, power(hi) does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.power_mw(mid, load) <= limit_mw:
+            if self.power_mw(mid, load, activity) <= limit_mw:
                 lo = mid
             else:
                 hi = mid
         return lo
-
-
-def _voltage(f_mhz: float, fmin: int, fmax: int) -> float:
-    knee = KNEE_RATIO * fmax
-    if f_mhz <= knee:
-        return V_MIN_V
-    return V_MIN_V + (V_MAX_V - V_MIN_V) * (f_mhz - knee) / (fmax - knee)
-
-
-def _switching(f_mhz: float, fmin: int, fmax: int) -> float:
-    v = _voltage(f_mhz, fmin, fmax)
-    return v * v * f_mhz / 1000.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class Controls:
     locked_max_mhz: int | None = None
     applications_sm_mhz: int | None = None
     powered: bool = True  # False once the device fell off the bus
+    activity: float = 1.0  # what the running kernels draw (dvfs_model); 1: calibration
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,8 @@ def decide(s: SkuSpec, pm: PowerModel, c: Controls, temperature_c: float) -> Ope
         reasons.append("ApplicationsClocksSetting")
     else:
         f = fmax
-    f_p = pm.max_clock_for_power(c.power_limit_mw, c.load, fmin, f)
+    cap_mw = c.power_limit_mw * pm.shape.cap_headroom
+    f_p = pm.max_clock_for_power(cap_mw, c.load, fmin, f, c.activity)
     if f_p < f:
         f = f_p
         reasons.append("SwPowerCap")
@@ -145,7 +151,7 @@ def decide(s: SkuSpec, pm: PowerModel, c: Controls, temperature_c: float) -> Ope
     if temperature_c >= engage:
         target = engage + ENGAGE_BAND_C
         allowed_mw = (target - c.ambient_c) / c.thermal_resistance_c_per_w * 1000.0
-        f_t = pm.max_clock_for_power(allowed_mw, c.load, fmin, f)
+        f_t = pm.max_clock_for_power(allowed_mw, c.load, fmin, f, c.activity)
         if f_t < f:
             f = f_t
             reasons.append("SwThermalSlowdown")
@@ -153,7 +159,7 @@ def decide(s: SkuSpec, pm: PowerModel, c: Controls, temperature_c: float) -> Ope
         f = fmin
     if temperature_c >= slowdown:
         reasons += ["HwSlowdown", "HwThermalSlowdown"]
-    return Operating(f, pm.power_mw(f, c.load), tuple(reasons))
+    return Operating(f, pm.power_mw(f, c.load, c.activity), tuple(reasons))
 
 
 def steady_temperature_c(c: Controls, power_mw: float) -> float:

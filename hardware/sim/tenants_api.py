@@ -1,14 +1,17 @@
-"""SimBackend's tenant calls: run, report, clear and list workloads on the twin, and an
+"""SimBackend's tenant calls: run, report, clear and list workloads on the twin, how long
+a tenant's work takes at the clock its device runs (``device_delay_s``), and an
 application fatal error with the co-tenants it takes down. The sharing rules (who shares a
 fate with whom) are hardware.sim.workloads's job."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 from gpuflow.hardware.backend import HardwareError, InvalidRequestError
+from gpuflow.hardware.sim import dvfs_model, fleet, physics, workloads
 from gpuflow.hardware.sim import faults as F
-from gpuflow.hardware.sim import fleet, workloads
 from gpuflow.hardware.sim.core import SimCore, is_int, is_number
 
 
@@ -51,8 +54,16 @@ class TenantsApi(SimCore):
         utilization_ratio: float,
         memory_mb: int = 0,
         partition_uuid: str | None = None,
+        *,
+        memory_bound_ratio: float | None = None,
+        activity: float | None = None,
     ) -> None:
-        """Run (or update) tenant ``owner`` on a device or one of its partitions."""
+        """Run (or update) tenant ``owner`` on a device or one of its partitions.
+
+        ``memory_bound_ratio`` and ``activity`` are its character (hardware.sim.dvfs_model);
+        None: the cluster spec's default. Each call sets them afresh.
+        """
+        dvfs_model.check_character(memory_bound_ratio, activity)
         if not isinstance(owner, str) or not owner.strip():
             raise InvalidRequestError(f"owner must be a non-empty string, got {owner!r}")
         if not is_number(utilization_ratio) or not 0.0 <= utilization_ratio <= 1.0:
@@ -109,6 +120,8 @@ class TenantsApi(SimCore):
                 "memory_mb": int(memory_mb),
                 "status": workloads.RUNNING,
                 "since_s": now,
+                "memory_bound_ratio": _opt_float(memory_bound_ratio),
+                "activity": _opt_float(activity),
             }
 
     def report_workload(
@@ -119,9 +132,55 @@ class TenantsApi(SimCore):
         utilization_ratio: float,
         memory_mb: int = 0,
         partition_uuid: str | None = None,
+        *,
+        memory_bound_ratio: float | None = None,
+        activity: float | None = None,
     ) -> None:
         """Backend hook: on the twin, reporting a workload is running it (set_workload)."""
-        self.set_workload(node, index, owner, utilization_ratio, memory_mb, partition_uuid)
+        self.set_workload(
+            node,
+            index,
+            owner,
+            utilization_ratio,
+            memory_mb,
+            partition_uuid,
+            memory_bound_ratio=memory_bound_ratio,
+            activity=activity,
+        )
+
+    def device_delay_s(self, node: str, index: int, owner: str, busy_s: float) -> float:
+        """Extra seconds ``busy_s`` of host-timed work takes at the clock the device runs
+        now: busy_s * (T(f) / T(f_max) - 1) for ``owner``'s character (dvfs_model).
+
+        The clock is the controller's decision now - power limit, locked and application
+        clocks, temperature. A tenant not registered yet (its first report is still to
+        come) counts with the spec's default character; on an idle device the clock is the
+        one it would pick with that tenant's kernel running (not the idle clock).
+        """
+        if not is_number(busy_s) or not math.isfinite(busy_s) or busy_s < 0:
+            raise InvalidRequestError(f"busy_s must be a number >= 0, got {busy_s!r}")
+        with self._txn() as (state, _):
+            dev = self._live(state, node, index)
+            if dev["health"] == "failed":
+                raise HardwareError(
+                    f"{self._label(dev)} has failed ({dev['failure']['reason']}); repair it first"
+                )
+            w = state["workloads"].get(owner)
+            if w is not None:
+                if (w["node"], w["index"]) != (dev["node"], dev["index"]):
+                    raise InvalidRequestError(
+                        f"tenant {owner!r} runs on {w['node']}:{w['index']}, not {node}:{index}"
+                    )
+                if not workloads.is_running(w):
+                    raise HardwareError(f"tenant {owner!r} has {w['status']}")
+            m, activity = workloads.character(state, w)
+            s = fleet.sku_of(dev)
+            c = fleet.controls(state, dev, dev["last_s"])
+            if c.load <= 0.0:
+                c = dataclasses.replace(c, load=1.0, activity=activity)
+            op = physics.decide(s, fleet.power_model(s.name), c, dev["temperature_c"])
+            ratio = dvfs_model.time_ratio(op.clock_mhz, s.sm_clock_max_mhz, m)
+            return float(busy_s) * (ratio - 1.0)
 
     def end_workload(self, owner: str) -> None:
         """Backend hook: the job ended (clear_workload)."""
@@ -157,3 +216,7 @@ class TenantsApi(SimCore):
                     f"no tenant {owner!r}; tenants: {sorted(state['workloads']) or 'none'}"
                 )
             return fatal_error(state, now, owner, "injected")
+
+
+def _opt_float(v: float | None) -> float | None:
+    return None if v is None else float(v)

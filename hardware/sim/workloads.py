@@ -13,6 +13,10 @@ Utilization is computed from what runs: on an unpartitioned device min(1, sum of
 tenants' ratios); on a partitioned one each partition adds its share of the device
 (compute slices / 7 for MIG, compute units / total for a vDCU) times min(1, its
 tenants' sum). Failed tenants use nothing.
+
+A tenant may carry a character (hardware.sim.dvfs_model): ``memory_bound_ratio`` and
+``activity``, None for the cluster spec's default. What its kernels draw sets the device's
+activity: the mean of its running tenants' activities, weighted by their share of the load.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuflow.hardware.placement import MIG_COMPUTE_SLICES
+from gpuflow.hardware.sim.cluster_spec import DEFAULT_ACTIVITY, DEFAULT_MEMORY_BOUND_RATIO
 
 RUNNING = "running"
 
@@ -59,6 +64,37 @@ def device_load(state: dict[str, Any], dev: dict[str, Any], compute_units_total:
         )
         load += partition_share(dev, part, compute_units_total) * min(used, 1.0)
     return min(load, 1.0)
+
+
+def character(state: dict[str, Any], w: dict[str, Any] | None) -> tuple[float, float]:
+    """(memory_bound_ratio, activity) of tenant ``w``: what it reported, else the cluster
+    spec's defaults (also for ``w`` None: a tenant not registered yet)."""
+    d = state["spec"].get("workload_defaults") or {}  # absent in states from before them
+    m = None if w is None else w.get("memory_bound_ratio")
+    a = None if w is None else w.get("activity")
+    return (
+        float(m if m is not None else d.get("memory_bound_ratio", DEFAULT_MEMORY_BOUND_RATIO)),
+        float(a if a is not None else d.get("activity", DEFAULT_ACTIVITY)),
+    )
+
+
+def device_activity(state: dict[str, Any], dev: dict[str, Any], compute_units_total: int) -> float:
+    """What the device's kernels draw: its running tenants' activities, weighted by the
+    load each brings (utilization, times the partition's share on a partition)."""
+    parts = {p["uuid"]: p for p in dev["partitions"]}
+    num = den = 0.0
+    for w in tenants_of(state, dev["node"], dev["index"]).values():
+        if w["partition"] is None:
+            weight = w["utilization_ratio"]
+        elif w["partition"] in parts:
+            weight = w["utilization_ratio"] * partition_share(
+                dev, parts[w["partition"]], compute_units_total
+            )
+        else:
+            continue  # its partition is gone: it runs nothing (as device_load counts it)
+        num += weight * character(state, w)[1]
+        den += weight
+    return num / den if den > 0 else character(state, None)[1]
 
 
 def memory_used_mb(state: dict[str, Any], dev: dict[str, Any], partition: str | None = None) -> int:

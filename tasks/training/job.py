@@ -20,6 +20,8 @@ from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.hardware.backend import DeviceLostError, InvalidRequestError
 from gpuflow.hardware.inventory import JobState, LeaseLostError
 from gpuflow.hardware.inventory.keeper import LeaseKeeper
+from gpuflow.tasks.energy.job_energy import JobEnergy
+from gpuflow.tasks.energy.progress import progress_publisher
 from gpuflow.tasks.training import control  # its step_observers, looked up at each run
 from gpuflow.tasks.training.binding import (
     Binding,
@@ -167,6 +169,10 @@ def run_training(
     attempt = binding.lease.attempt
     units = attempt_resources(inventory, spec.job_id, attempt, res.resource_id)
     keeper = lease_keeper(inventory, spec.job_id, attempt, units, LEASE_TTL_S)
+    energy = JobEnergy(spec, backend, inventory, res.node, res.device_index, probe.refresh_pace)
+    hooks += energy.hooks
+    # What an out-of-process DVFS controller measures time per step from (flows/dvfs.py).
+    hooks.append(progress_publisher(inventory, spec.job_id, attempt=attempt))
 
     def checkpointed(cid: str, step: int) -> None:
         keeper.check()
@@ -175,6 +181,7 @@ def run_training(
     try:
         keeper.start()
         inventory.transition_job(spec.job_id, JobState.RUNNING, expect_attempt=attempt)
+        energy.start()
         result = train_loop(
             spec,
             open_store(storage),
@@ -188,7 +195,9 @@ def run_training(
             fencing_token=binding.lease.token,
         )
         keeper.check()
+        energy.finish(result, run_id)
     finally:
+        energy.close()  # the job's power limit goes back, whatever happened
         keeper.stop()
         if metrics:
             metrics.flush()
@@ -227,6 +236,7 @@ def result_metrics(result: TrainResult) -> dict[str, Any]:
         "resumed_from_step": result.resumed_from_step,
         "precision_switches": len(result.switches),
         **_ab_metrics(result),
+        **{k: v for k, v in result.energy.items() if isinstance(v, int | float)},
     }
 
 

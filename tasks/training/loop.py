@@ -43,9 +43,12 @@ CHECKPOINT_AND_STOP = "checkpoint-and-stop"
 
 
 class UtilizationProbe(Protocol):
-    """Device utilization as the hardware reports it (None: no fresh reading)."""
+    """Device utilization as the hardware reports it (None: no fresh reading), and the
+    step's pacing (utilization.DeviceUtilization.pace: what the twin's clock adds)."""
 
     def observe_step(self, busy_s: float, wall_s: float) -> float | None: ...
+
+    def pace(self, busy_s: float) -> float: ...
 
 
 class ControlChannel(Protocol):
@@ -90,6 +93,9 @@ class TrainResult:
     skips: list[dict[str, Any]] = field(default_factory=list)
     # auto's A/B outcomes (ab_probe.Decision.to_dict()), the evidence behind its switches.
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    # What the job's devices drew (tasks.energy.job_energy: energy_j, average_power_w,
+    # energy_per_sample_j, the tuner's choice); empty where nothing measured it.
+    energy: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(vars(self))
@@ -320,6 +326,8 @@ def _train(
             # An A/B times whole steps: without this the optimizer's kernels, still queued,
             # would land in the next step's time (and in the other arm's at a block's end).
             torch.cuda.synchronize(device)
+        if utilization is not None:
+            utilization.pace(time.perf_counter() - t_busy)  # the twin's clock (see pace)
         busy_s = time.perf_counter() - t_busy
         train_time_s += busy_s
         step += 1

@@ -68,6 +68,20 @@ class TrainSpec(BaseModel):
         "holds 1/N of the parameters, gradients and optimizer state).",
     )
 
+    energy: Literal["managed", "tune", "pinned"] = Field(
+        default="managed",
+        description="Power limits: managed (the DVFS controller may tune the job's devices), "
+        "tune (the job probes power limits in its first steps and keeps the best within "
+        "energy_slowdown for the rest of the run), pinned (the job runs at power_limit_w "
+        "and nothing else changes it).",
+    )
+    energy_slowdown: float = Field(
+        default=0.10, ge=0.0, le=1.0, description="tune: the slowdown bound (0.10 = 10 %)."
+    )
+    power_limit_w: float | None = Field(
+        default=None, gt=0, description="pinned: the power limit in watts for every device."
+    )
+
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, value: str | None) -> str | None:
@@ -94,6 +108,20 @@ class TrainSpec(BaseModel):
             raise ValueError(
                 f"nodes {self.nodes}: gpus {self.gpus} does not split evenly over them (each "
                 f"node runs the same number of ranks; ask for a multiple of {self.nodes})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _energy(self) -> TrainSpec:
+        if (self.energy == "pinned") != (self.power_limit_w is not None):
+            raise ValueError(
+                f"power_limit_w {self.power_limit_w!r} with energy {self.energy!r}: a limit "
+                "is given exactly when energy is 'pinned'"
+            )
+        if self.energy != "managed" and self.distributed:
+            raise ValueError(
+                f"energy {self.energy!r} is for single-device jobs; a gang's devices are "
+                "the DVFS controller's (energy 'managed')"
             )
         return self
 

@@ -4,6 +4,13 @@ The loop reports how busy it keeps its device (the twin turns that into utilizat
 power and heat; real devices ignore it and measure themselves), then reads utilization
 back the way NVML reports it. Readings are at most one per ``min_interval_s``: NVML's
 figure is a share of time over a 1/6-1 s window, so faster polling only adds noise.
+
+Pacing: on the twin a device's clock (power limit, locked clocks, heat) sets how long the
+work takes, which a CPU cannot show by itself; ``pace`` sleeps the extra time the backend
+says (Backend.device_delay_s: 0 on real devices, whose steps are already real) inside the
+step's busy window, so a power limit that slows a real GPU slows the job on the twin too.
+The factor is read at most once per ``PACE_REFRESH_S`` (a twin call costs ~1.5 ms), and at
+once after ``refresh_pace`` (a setting just changed).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import time
 
 from gpuflow.hardware.backend import Backend
+
+PACE_REFRESH_S = 0.25
 
 
 class BusyShare:
@@ -31,6 +40,10 @@ class BusyShare:
         self._window_start = time.monotonic()
         return ratio
 
+    def pace(self, busy_s: float) -> float:
+        """No device to wait for: the host's time is the step's time."""
+        return 0.0
+
 
 class DeviceUtilization:
     """A UtilizationProbe over a Backend for one device (or one of its partitions)."""
@@ -49,6 +62,25 @@ class DeviceUtilization:
         self.owner, self.partition_uuid, self.memory_mb = owner, partition_uuid, memory_mb
         self._share = BusyShare(min_interval_s)
         self.last_ratio: float | None = None
+        self._delay_per_busy_s: float | None = None  # device_delay_s(busy_s=1), cached
+        self._delay_read_at = -float("inf")
+
+    def pace(self, busy_s: float) -> float:
+        """Sleep what the device needs beyond ``busy_s`` of host-timed work; returns it."""
+        now = time.monotonic()
+        if self._delay_per_busy_s is None or now - self._delay_read_at >= PACE_REFRESH_S:
+            self._delay_per_busy_s = self.backend.device_delay_s(
+                self.node, self.index, self.owner, 1.0
+            )
+            self._delay_read_at = now
+        delay_s = busy_s * self._delay_per_busy_s
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return delay_s
+
+    def refresh_pace(self) -> None:
+        """Read the factor again at the next step (a power limit or clock just changed)."""
+        self._delay_per_busy_s = None
 
     def observe_step(self, busy_s: float, wall_s: float) -> float | None:
         share = self._share.observe_step(busy_s, wall_s)

@@ -60,6 +60,7 @@ from gpuflow.tasks.training.storage import open_store
 from sqlalchemy import create_engine, text
 
 from tests.helpers.clock import ManualClock
+from tests.helpers.cluster import Cluster
 from tests.helpers.engine_state import engine_state
 
 FLEET_YAML = """
@@ -86,21 +87,6 @@ N_SCHEDULERS, N_RUNNERS, MAX_JOBS = 2, 3, 5
 DRAIN_ROUNDS = 2 * MAX_JOBS + 2
 # The device is gone: checkpoint_job asks nothing and takes the last periodic checkpoint.
 LOST_DEVICE = RemediationPolicy(lost_device_grace_s=0.0)
-
-
-@dataclass
-class Cluster:
-    """What release_placement and the remediation steps ask of a GpuCluster: one
-    process's inventory (on the test's clock) and the twin."""
-
-    inventory: Inventory
-    backend: Backend
-
-    def get_inventory(self) -> Inventory:
-        return self.inventory
-
-    def get_backend(self) -> Backend:
-        return self.backend
 
 
 @dataclass

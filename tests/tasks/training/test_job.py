@@ -19,19 +19,7 @@ from gpuflow.tasks.training.loop import StepInfo
 from gpuflow.tasks.training.spec import TrainSpec
 
 from tests.helpers.clock import GatedClock, caught_up
-
-
-class Cluster:
-    """What the job functions use of a GpuCluster block: one inventory, one backend."""
-
-    def __init__(self, inventory: Inventory, backend: SimBackend) -> None:
-        self.inventory, self.backend = inventory, backend
-
-    def get_inventory(self) -> Inventory:
-        return self.inventory
-
-    def get_backend(self) -> SimBackend:
-        return self.backend
+from tests.helpers.cluster import Cluster
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Energy: power limits and clocks chosen per device and workload."""

@@ -1,0 +1,277 @@
+"""Choose a power limit (or a locked SM clock) for one workload on one device from a few
+measured points, instead of profiling every setting.
+
+The objective, one of two (Objective):
+
+* ``slowdown`` S (default 0.10): the least energy per unit of work (a step, an epoch) whose
+  time per unit is at most (1 + S) times the time at the highest setting;
+* ``eta`` (Zeus, NSDI'23): the least eta * E + (1 - eta) * P_max * T, P_max the highest
+  setting in watts (for clocks: the power measured at the highest clock).
+
+The search is ask/tell (``next_probe`` / ``tell``), so the same object drives a trace
+replay, the in-training tuner (a probe is a few steps) and the DVFS controller (a probe is
+a sampling interval). It starts at the highest setting, which gives the reference time T0
+and the power the workload draws there, P0. Below P0 a power limit binds and the clock
+falls; the time model is the power law
+
+    T(p) / T0 = max(1, P0 / p) ** k        (clocks: max(1, f_max / f) ** k)
+
+with k fitted through the origin on log-log axes to every point measured below the knee
+(k = 0.6, the median of the Zeus traces, before there is one). A workload that draws less
+than a limit is not slowed by it, which is why the knee is P0 and not the highest limit:
+the light workloads of the traces lose nothing down to their draw, and the fitted k is
+how memory-bound the rest is (k -> 0: nothing scales with the clock).
+
+Slowdown objective, "boundary search": probe the lowest untried setting that lies below the
+lowest setting measured within the bound and above the highest one measured outside it,
+and whose predicted time is within the bound plus ``margin`` (the model is a power law
+fitted to noisy single runs: the margin lets it try a setting it thinks slightly too slow);
+refit after each probe; stop when no setting qualifies or after ``max_probes``. The choice
+is the measured point with the least energy among those measured within the bound, so a
+choice never breaks the bound on what was measured.
+
+Eta objective: descend from the highest setting below the knee (above it a limit does not
+bind), one grid step at a time, until PATIENCE steps in a row find nothing cheaper than the best
+so far (Zeus's cost is unimodal in the limit on its traces, up to
+single-run noise).
+
+Plain Python, no Prefect; numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+POWER_LIMIT_W = "power_limit_w"
+SM_CLOCK_MHZ = "sm_clock_mhz"
+Knob = Literal["power_limit_w", "sm_clock_mhz"]
+
+DEFAULT_SLOWDOWN = 0.10
+DEFAULT_MARGIN = 0.06  # docs/energy.md: the margin sweep on the four Zeus traces
+PATIENCE = 2  # eta descent: steps without a cheaper point before it stops
+PRIOR_EXPONENT = 0.6  # k before any point below the knee is measured
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One setting, measured: time and energy per unit of work (a step, an epoch)."""
+
+    setting: float  # W (power limit) or MHz (locked clock)
+    time_s: float
+    energy_j: float
+
+    def __post_init__(self) -> None:
+        for name in ("setting", "time_s", "energy_j"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"Measurement.{name} must be a positive number, got {v!r}")
+
+    @property
+    def power_w(self) -> float:
+        return self.energy_j / self.time_s
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Minimise energy under a slowdown bound, or Zeus's cost with ``eta``."""
+
+    slowdown: float | None = DEFAULT_SLOWDOWN
+    eta: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.slowdown is None) == (self.eta is None):
+            raise ValueError("give exactly one of slowdown and eta")
+        if self.slowdown is not None and not 0.0 <= self.slowdown <= 10.0:
+            raise ValueError(f"slowdown must be in [0, 10] (0.10 = 10 %), got {self.slowdown!r}")
+        if self.eta is not None and not 0.0 <= self.eta <= 1.0:
+            raise ValueError(f"eta must be in [0, 1], got {self.eta!r}")
+
+    def describe(self) -> str:
+        if self.slowdown is not None:
+            return f"least energy within {self.slowdown:.0%} slowdown"
+        return f"least Zeus cost, eta={self.eta:g}"
+
+
+@dataclass
+class Choice:
+    """What a search chose, and the evidence."""
+
+    knob: str
+    objective: Objective
+    chosen: Measurement
+    reference: Measurement  # the highest setting
+    probes: list[Measurement] = field(default_factory=list)  # in the order measured
+    exponent: float = PRIOR_EXPONENT
+
+    @property
+    def energy_saving(self) -> float:
+        return 1.0 - self.chosen.energy_j / self.reference.energy_j
+
+    @property
+    def slowdown(self) -> float:
+        return self.chosen.time_s / self.reference.time_s - 1.0
+
+    def drifted(self, m: Measurement, tolerance: float = 0.10) -> bool:
+        """True when ``m``, measured later at the chosen setting, says the workload (or
+        the device) changed: its time or power moved by more than ``tolerance``."""
+        if m.setting != self.chosen.setting:
+            raise ValueError(f"{m.setting} is not the chosen setting {self.chosen.setting}")
+        return (
+            abs(m.time_s / self.chosen.time_s - 1.0) > tolerance
+            or abs(m.power_w / self.chosen.power_w - 1.0) > tolerance
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "knob": self.knob,
+            "objective": self.objective.describe(),
+            "chosen": asdict(self.chosen),
+            "reference": asdict(self.reference),
+            "probes": [asdict(p) for p in self.probes],
+            "exponent": self.exponent,
+            "energy_saving": self.energy_saving,
+            "slowdown": self.slowdown,
+        }
+
+
+class SettingSearch:
+    """Ask/tell search over a grid of settings (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Sequence[float],
+        objective: Objective | None = None,
+        *,
+        knob: Knob = POWER_LIMIT_W,
+        margin: float = DEFAULT_MARGIN,
+        max_probes: int | None = None,
+    ) -> None:
+        grid = sorted({float(s) for s in settings})
+        if len(grid) < 1 or any(not math.isfinite(s) or s <= 0 for s in grid):
+            raise ValueError(f"settings must be positive numbers, got {list(settings)!r}")
+        if knob not in (POWER_LIMIT_W, SM_CLOCK_MHZ):
+            raise ValueError(f"knob must be {POWER_LIMIT_W!r} or {SM_CLOCK_MHZ!r}, got {knob!r}")
+        if not 0.0 <= margin <= 1.0:
+            raise ValueError(f"margin must be in [0, 1], got {margin!r}")
+        self.grid = grid
+        self.objective = objective or Objective()
+        self.knob = knob
+        self.margin = margin
+        # Fewer probes than settings: the point of the search (the reference is one).
+        self.max_probes = max(1, len(grid) - 1) if max_probes is None else max_probes
+        if self.max_probes < 1:
+            raise ValueError(f"max_probes must be >= 1, got {max_probes!r}")
+        self.probes: list[Measurement] = []
+
+    # -- ask / tell ---------------------------------------------------------------------
+
+    def next_probe(self) -> float | None:
+        """The next setting to measure, or None when the search is done."""
+        if not self.probes:
+            return self.grid[-1]
+        if len(self.probes) >= self.max_probes:
+            return None
+        if self.objective.slowdown is not None:
+            return self._next_within_bound(self.objective.slowdown)
+        return self._next_by_cost()
+
+    def tell(self, m: Measurement) -> None:
+        if m.setting not in self.grid:
+            raise ValueError(f"{m.setting:g} is not one of the settings {self.grid}")
+        if any(p.setting == m.setting for p in self.probes):
+            raise ValueError(f"{m.setting:g} was measured already")
+        if not self.probes and m.setting != self.grid[-1]:
+            raise ValueError(f"measure the highest setting {self.grid[-1]:g} first")
+        self.probes.append(m)
+
+    def choice(self) -> Choice:
+        if not self.probes:
+            raise ValueError("nothing measured yet")
+        ref = self.probes[0]
+        if self.objective.slowdown is not None:
+            bound = (1.0 + self.objective.slowdown) * ref.time_s
+            ok = [p for p in self.probes if p.time_s <= bound]
+            chosen = min(ok, key=lambda p: (p.energy_j, -p.setting))
+        else:
+            chosen = min(self.probes, key=lambda p: (self._cost(p), -p.setting))
+        return Choice(self.knob, self.objective, chosen, ref, list(self.probes), self.exponent())
+
+    # -- the model ----------------------------------------------------------------------
+
+    def knee(self) -> float:
+        """Below this setting the time rises: P0 for power limits, f_max for clocks."""
+        ref = self.probes[0]
+        return ref.power_w if self.knob == POWER_LIMIT_W else ref.setting
+
+    def exponent(self) -> float:
+        """k of T/T0 = max(1, knee/p)^k, least squares through the origin in log-log."""
+        if not self.probes:
+            return PRIOR_EXPONENT
+        knee, t0 = self.knee(), self.probes[0].time_s
+        xs, ys = [], []
+        for p in self.probes[1:]:
+            if p.setting < knee:
+                xs.append(math.log(knee / p.setting))
+                ys.append(math.log(p.time_s / t0))
+        sxx = sum(x * x for x in xs)
+        if sxx <= 0:
+            return PRIOR_EXPONENT
+        return max(0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sxx)
+
+    def predicted_time_ratio(self, setting: float) -> float:
+        return max(1.0, self.knee() / setting) ** self.exponent()
+
+    def _untried(self) -> list[float]:
+        tried = {p.setting for p in self.probes}
+        return [s for s in self.grid if s not in tried]
+
+    def _next_within_bound(self, slowdown: float) -> float | None:
+        t0 = self.probes[0].time_s
+        bound = (1.0 + slowdown) * t0
+        lowest_ok = min(p.setting for p in self.probes if p.time_s <= bound)
+        too_slow = [p.setting for p in self.probes if p.time_s > bound and p.setting < lowest_ok]
+        floor = max(too_slow, default=-math.inf)
+        limit = 1.0 + slowdown + self.margin
+        for s in self._untried():  # ascending: the lowest that qualifies
+            if floor < s < lowest_ok and self.predicted_time_ratio(s) <= limit:
+                return s
+        return None
+
+    def _cost(self, m: Measurement) -> float:
+        eta = self.objective.eta or 0.0
+        return eta * m.energy_j + (1.0 - eta) * self._p_ref() * m.time_s
+
+    def _p_ref(self) -> float:
+        ref = self.probes[0]
+        return ref.setting if self.knob == POWER_LIMIT_W else ref.power_w
+
+    def _next_by_cost(self) -> float | None:
+        # Descend from the knee (above it a limit does not bind: same time, same power)
+        # while each step down lowers the measured cost; stop at the first that does not.
+        below_knee = [s for s in self._untried() if s < self.knee()]
+        if len(self.probes) == 1:
+            return below_knee[-1] if below_knee else None
+        # One step that does not improve may be a single run's noise: stop after two.
+        last = self.probes[-1]
+        best = min(self._cost(p) for p in self.probes)
+        tail = self.probes[1:][-PATIENCE:]
+        if len(tail) == PATIENCE and all(self._cost(p) > best for p in tail):
+            return None
+        lower = [s for s in self._untried() if s < last.setting]
+        return lower[-1] if lower else None
+
+
+def search(
+    settings: Sequence[float],
+    measure: Callable[[float], Measurement],
+    objective: Objective | None = None,
+    **kwargs: Any,
+) -> Choice:
+    """Run a SettingSearch to the end, measuring with ``measure(setting)``."""
+    s = SettingSearch(settings, objective, **kwargs)
+    while (setting := s.next_probe()) is not None:
+        s.tell(measure(setting))
+    return s.choice()

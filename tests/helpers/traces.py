@@ -1,0 +1,8 @@
+"""Where the tests read the Zeus power traces (../shared/data/zeus-traces, Apache-2.0)."""
+
+from __future__ import annotations
+
+from gpuflow.tasks.energy.traces import DEFAULT_TRACES_DIR
+
+TRACES = DEFAULT_TRACES_DIR
+V100 = TRACES / "summary_power_v100.csv"
