@@ -212,7 +212,7 @@ def tune_cmd(
 def seed_claim_cmd(
     traces: Annotated[
         Path | None,
-        typer.Option(help="Folder of Zeus summary_power_*.csv (default: ../shared/data)."),
+        typer.Option(help="Folder of Zeus summary_power_*.csv (default: the packaged copy)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:

@@ -37,6 +37,8 @@ RENEW_EVERY_S = SETTINGS_TTL_S / 4
 # (the controller restores it at its next tick, 5 s apart; its rows lapse after 4 ticks).
 CLAIM_TIMEOUT_S = 60.0
 CLAIM_POLL_S = 0.5
+# When the tuner searches again: this many windows in a row off by more than the tolerance.
+TUNER_DRIFT: dict[str, float | int] = {"drift_tolerance": 0.25, "drift_windows": 3}
 # The tuner's phases, (at least steps, at least seconds) each (tasks.energy.tuner).
 TUNER_PHASES: dict[str, tuple[int, float]] = {
     "warmup": (5, 2.0),
@@ -80,6 +82,7 @@ class JobEnergy:
                 Objective(slowdown=spec.energy_slowdown),
                 on_setting_change=on_setting_change,
                 **TUNER_PHASES,
+                **TUNER_DRIFT,
             )
             self.hooks.append(self.tuner)
 

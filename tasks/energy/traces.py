@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-# Where the project's checkout finds the measured traces (../shared/data beside the repo).
-DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "zeus-traces"
+# The four summary_power_*.csv of ../shared/data/zeus-traces, copied into the package with
+# their source and license (data/zeus_traces/README.md), so a wheel and a bare clone have them.
+DEFAULT_TRACES_DIR = Path(__file__).resolve().parent / "data" / "zeus_traces"
 
 COLUMNS = (
     "dataset",

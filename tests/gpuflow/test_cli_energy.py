@@ -9,11 +9,10 @@ from gpuflow.hardware.select import get_backend
 from typer.testing import CliRunner
 
 from gpuflow.cli import app
+from tests.helpers.traces import V100
 
 runner = CliRunner()
-TRACE = (
-    Path(__file__).resolve().parents[2].parent / "shared/data/zeus-traces/summary_power_v100.csv"
-)
+TRACE = V100
 KEYS = {"workload", "method", "power_limit_w", "energy_saving", "slowdown", "probes"}
 
 

@@ -1,4 +1,5 @@
-"""Where the tests read the Zeus power traces (../shared/data/zeus-traces, Apache-2.0)."""
+"""Where the tests read the Zeus power traces: the package's copy of ../shared/data/zeus-traces
+(tasks/energy/data/zeus_traces, Apache-2.0)."""
 
 from __future__ import annotations
 

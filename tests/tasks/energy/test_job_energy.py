@@ -54,6 +54,9 @@ def test_a_tuned_job_probes_then_keeps_one_limit_and_gives_it_back(
         "TUNER_PHASES",
         {"warmup": (5, 0.6), "settle": (1, 0.1), "probe": (5, 0.3)},
     )
+    # Windows this short drift on a loaded host; one decision is what this test looks at
+    # (re-deciding has its own test in test_tuner.py).
+    monkeypatch.setattr(job_energy, "TUNER_DRIFT", {"drift_windows": 10**6})
     binding = acquire(cluster, DeviceRequest(sku="v100"), "tuned")
     node, index = binding.resource.node, binding.resource.device_index
     default = cluster.backend.power_limits(node, index).limit_mw
