@@ -277,7 +277,6 @@ class SettingsMixin(StoreBase):
         ttl = check_seconds(ttl_s, "ttl_s")
         at = None if now is None else check_seconds(now, "now", allow_zero=True)
         wanted = None if slots is None else {(n, check_index(i)) for n, i in slots}
-        s = schema.device_settings
 
         def work(conn: Connection) -> list[SettingRecord]:
             t = self._clock() if at is None else at
@@ -299,16 +298,7 @@ class SettingsMixin(StoreBase):
                     "version": r.version + 1,
                 }
                 # Matches nothing if the holder renewed it meanwhile: then it is not stale.
-                won = conn.execute(
-                    update(s)
-                    .where(
-                        s.c.node == r.node,
-                        s.c.device_index == r.device_index,
-                        s.c.version == r.version,
-                    )
-                    .values(**values)
-                )
-                if won.rowcount == 1:
+                if self._compare_and_swap(conn, r, values):
                     taken.append(self._setting_row(conn, r.node, r.device_index))
             return [x for x in taken if x is not None]
 
@@ -324,7 +314,8 @@ class SettingsMixin(StoreBase):
         raise HardwareError("the settings ledger changed under every retry; try again")
 
     @staticmethod
-    def _swap(conn: Connection, row: Row[Any], values: dict[str, Any]) -> None:
+    def _compare_and_swap(conn: Connection, row: Row[Any], values: dict[str, Any]) -> bool:
+        """Write ``values`` to the row if its version is still ``row``'s; whether it was."""
         s = schema.device_settings
         result = conn.execute(
             update(s)
@@ -335,7 +326,11 @@ class SettingsMixin(StoreBase):
             )
             .values(**values)
         )
-        if result.rowcount != 1:
+        return result.rowcount == 1
+
+    @classmethod
+    def _swap(cls, conn: Connection, row: Row[Any], values: dict[str, Any]) -> None:
+        if not cls._compare_and_swap(conn, row, values):
             raise _LostRace()
 
     @staticmethod

@@ -21,6 +21,7 @@ from gpuflow.hardware.backend import Backend, InvalidRequestError
 from gpuflow.tasks.energy.optimizer import Choice, Objective, SettingSearch
 from gpuflow.tasks.energy.settings import DeviceSettings
 from gpuflow.tasks.energy.tuner import DEFAULT_GRID_STEP_W, EnergyMeter, power_limit_grid
+from gpuflow.tasks.training.utilization import DeviceUtilization
 
 TUNE_LEASE_TTL_S = 600.0
 
@@ -89,15 +90,17 @@ def tune_device(
     search = SettingSearch(power_limit_grid(limits, grid_step_w), objective)
     settings = DeviceSettings(backend, inventory, f"tune:{node}:{index}", ttl_s=hold_s)
     meter = EnergyMeter(backend, node, index)
+    pacer = DeviceUtilization(backend, node, index, owner)
     kept = False
     try:
         backend.report_workload(node, index, owner, 1.0)
         while (setting := search.next_probe()) is not None:
             progress(f"{node}:{index}: probing {setting:g} W ({len(search.probes) + 1})")
             settings.apply_power_limit(node, index, round(setting * 1000))
-            _run_for(backend, node, index, owner, work, settle_s)
+            pacer.refresh_pace()
+            _run_for(pacer, work, settle_s)
             meter.start()
-            units = _run_for(backend, node, index, owner, work, probe_s)
+            units = _run_for(pacer, work, probe_s)
             search.tell(meter.stop(setting, units))
         choice = search.choice()
         if keep:
@@ -111,17 +114,14 @@ def tune_device(
         inventory.release_lease(lease.resource_id, owner)
 
 
-def _run_for(
-    backend: Backend, node: str, index: int, owner: str, work: Callable[[], None], seconds: float
-) -> int:
-    """Run work units, each paced by the device's clock, for at least ``seconds``."""
+def _run_for(pacer: DeviceUtilization, work: Callable[[], None], seconds: float) -> int:
+    """Run work units, each paced by the device's clock (the training loop's pacing), for at
+    least ``seconds``."""
     units = 0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or (seconds > 0 and units == 0):
         t = time.perf_counter()
         work()
-        delay = backend.device_delay_s(node, index, owner, time.perf_counter() - t)
-        if delay > 0:
-            time.sleep(delay)
+        pacer.pace(time.perf_counter() - t)
         units += 1
     return units
