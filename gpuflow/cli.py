@@ -35,6 +35,7 @@ def _mount_capabilities() -> None:
         cli_energy,
         cli_health,
         cli_hw,
+        cli_multimodal,
         cli_remediate,
         cli_schedule,
         cli_telemetry,
@@ -51,6 +52,7 @@ def _mount_capabilities() -> None:
     app.add_typer(cli_edge.app, name="edge")
     app.add_typer(cli_telemetry.app, name="telemetry")
     app.add_typer(cli_energy.app, name="energy")
+    app.add_typer(cli_multimodal.app, name="multimodal")
 
 
 _mount_capabilities()
@@ -69,6 +71,7 @@ BENCHMARKS = (
     "health",
     "distributed",
     "energy",
+    "multimodal",
 )
 
 

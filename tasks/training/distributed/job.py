@@ -39,7 +39,7 @@ def gang_units(bindings: Sequence[Any]) -> list[GangUnit]:
 
 
 @contextlib.contextmanager
-def _rank_workloads_ended(cluster: Any, job_id: str, ranks: int) -> Iterator[None]:
+def rank_workloads_ended(cluster: Any, job_id: str, ranks: int) -> Iterator[None]:
     """Each rank ends its own workload; one killed mid-run (SIGKILL) cannot: its device
     would look busy for ever on the twin. Ended here for every rank, whatever happened."""
     try:
@@ -62,7 +62,7 @@ def run_gang_training(
     attempt = bindings[0].lease.attempt
     ids = [b.resource.resource_id for b in bindings]
     keeper = LeaseKeeper(inventory, spec.job_id, attempt, ids, LEASE_TTL_S)
-    with keeper, _rank_workloads_ended(cluster, spec.job_id, len(bindings)):
+    with keeper, rank_workloads_ended(cluster, spec.job_id, len(bindings)):
         inventory.transition_job(spec.job_id, JobState.RUNNING, expect_attempt=attempt)
         units = gang_units(bindings)
         common = agent_options(spec, cluster, bindings[0].lease.token, attempt, run_id)

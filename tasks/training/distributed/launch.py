@@ -37,7 +37,7 @@ from gpuflow.tasks.training.storage import open_store
 # torchelastic's switch (dynamic_rendezvous.py, ``use_agent_store``): with it, every round
 # bootstraps the ranks on a fresh store hosted by that round's rank 0 on a fresh port,
 # instead of the node-rank-0 agent's one store reused across rounds (see worker.py's
-# _round_store for why a reused store needs a gang-wide round, which several agents lack).
+# round_store for why a reused store needs a gang-wide round, which several agents lack).
 _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
@@ -120,6 +120,53 @@ def _fresh_store_per_round() -> Iterator[None]:
                     os.environ[_FRESH_STORE_ENV] = _fresh_store_before
 
 
+def launch_agent(
+    entrypoint: Any,
+    args: tuple[Any, ...],
+    *,
+    nodes: int,
+    nproc: int,
+    rendezvous_id: str,
+    endpoint: tuple[str, int],
+    is_host: bool,
+    join_timeout_s: float = 900.0,
+    max_restarts: int = 0,
+    local_addr: str | None = None,
+    what: str = "the gang",
+) -> dict[int, Any]:
+    """One elastic agent (torchrun's launcher API) running ``entrypoint(*args)`` in
+    ``nproc`` rank processes of a gang of ``nodes`` agents; returns this agent's ranks'
+    return values by global rank. ``args`` reach the ranks pickled through the agent's
+    spawn pipe, never a command line. Past ``max_restarts`` it raises GangFailedError,
+    ``what`` naming the gang."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    host, port = endpoint
+    config = LaunchConfig(
+        min_nodes=nodes,
+        max_nodes=nodes,
+        nproc_per_node=nproc,
+        run_id=rendezvous_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"{host}:{port}",
+        # Said, not guessed from the host name (c10d_rendezvous_backend._create_tcp_store):
+        # on one machine every agent's name matches the endpoint, and whichever came first
+        # would host it.
+        rdzv_configs={"is_host": is_host},
+        rdzv_timeout=int(join_timeout_s),
+        max_restarts=max_restarts,
+        start_method="spawn",
+        monitor_interval=0.2,
+        local_addr=local_addr,
+    )
+    try:
+        with _fresh_store_per_round():
+            return dict(elastic_launch(config, entrypoint)(*args))
+    except ChildFailedError as exc:
+        raise GangFailedError(f"{what} failed after {max_restarts} restart(s): {exc}") from exc
+
+
 def run_node_agent(
     spec: TrainSpec,
     storage: Any,  # a CheckpointStorage block every node reaches
@@ -154,9 +201,6 @@ def run_node_agent(
     ``record``, ``device_backend``: as for run_gang. Global ranks are what the rendezvous
     assigns: rank 0 (on whichever node) polls control, logs MLflow, commits checkpoints.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     per_node = check_gang(spec, units, across_nodes=True)
     if node not in per_node:
         raise InvalidRequestError(
@@ -166,23 +210,6 @@ def run_node_agent(
     host, port = _parse_rendezvous(spec.job_id, rendezvous)
     chosen = choose_backend(units, backend)
     mine = per_node[node]
-    config = LaunchConfig(
-        min_nodes=len(per_node),
-        max_nodes=len(per_node),
-        nproc_per_node=len(mine),
-        run_id=rendezvous_id or f"{spec.job_id}-attempt-{attempt}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"{host}:{port}",
-        # Said, not guessed from the host name (c10d_rendezvous_backend._create_tcp_store):
-        # on one machine every agent's name matches the endpoint, and whichever came first
-        # would host it.
-        rdzv_configs={"is_host": node == units[0].node},
-        rdzv_timeout=int(join_timeout_s),
-        max_restarts=max_restarts,
-        start_method="spawn",
-        monitor_interval=0.2,
-        local_addr=local_addr,
-    )
     # Pickled to the ranks through the agent's spawn pipe: never on a command line, and a
     # storage's SecretStr keys stay secret (not rendered as text anywhere). The store, not
     # the block: opened (and an S3 bucket checked) once here, and a rank need not import
@@ -205,14 +232,20 @@ def run_node_agent(
 
     # Whichever node rank 0 lands on relays to its own agent's observers.
     relay = StepRelay(spec.job_id, spec.steps, step_observers) if step_observers else None
-    try:
-        with relay or contextlib.nullcontext(), _fresh_store_per_round():
-            results = elastic_launch(config, rank_main)(*args, relay.address if relay else None)
-    except ChildFailedError as exc:
-        raise GangFailedError(
-            f"job {spec.job_id!r}: the gang of {len(units)} (node {node}: {len(mine)}) failed "
-            f"after {max_restarts} restart(s): {exc}"
-        ) from exc
+    with relay or contextlib.nullcontext():
+        results = launch_agent(
+            rank_main,
+            (*args, relay.address if relay else None),
+            nodes=len(per_node),
+            nproc=len(mine),
+            rendezvous_id=rendezvous_id or f"{spec.job_id}-attempt-{attempt}",
+            endpoint=(host, port),
+            is_host=node == units[0].node,
+            join_timeout_s=join_timeout_s,
+            max_restarts=max_restarts,
+            local_addr=local_addr,
+            what=f"job {spec.job_id!r}: the gang of {len(units)} (node {node}: {len(mine)})",
+        )
     for result in results.values():
         result["backend"] = chosen
     return dict(results)

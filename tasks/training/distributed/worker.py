@@ -51,7 +51,7 @@ def rank_main(
     torch.set_num_threads(threads)
     device = torch.device("cpu") if unit.vendor == "sim" else torch.device("cuda", 0)
     dist.init_process_group(
-        backend, store=_round_store(), rank=rank, world_size=int(os.environ["WORLD_SIZE"])
+        backend, store=round_store(), rank=rank, world_size=int(os.environ["WORLD_SIZE"])
     )
     try:
         probe = None
@@ -194,7 +194,7 @@ class RankRecorder:
         return {"losses": self.losses, "to_first_step_s": first, "checkpoint_stalls_s": stalls}
 
 
-def _round_store() -> Any:
+def round_store() -> Any:
     """The store this round of the gang's ranks meet on.
 
     The launcher (launch.py) has torchelastic bootstrap every round on a fresh store that
