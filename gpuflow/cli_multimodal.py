@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from gpuflow.cli_base import clean_errors, console
-from gpuflow.cli_train import StorageOpt, _run_flow, _StepProgress, _storage
+from gpuflow.cli_train import StepProgress, StorageOpt, run_flow, storage_from_options
 from gpuflow.hardware.backend import InvalidRequestError
 
 app = typer.Typer(
@@ -46,6 +46,10 @@ Head = Annotated[
 Sku = Annotated[str | None, typer.Option(help="Run on devices of this SKU.")]
 JobId = Annotated[str | None, typer.Option(help="Job id (names checkpoints); default generated.")]
 CheckpointDir = Annotated[Path | None, typer.Option(help="Local checkpoint root.")]
+S3Bucket = Annotated[str | None, typer.Option(help="S3 bucket for checkpoints (--storage s3).")]
+S3Prefix = Annotated[str, typer.Option(help="Key prefix in the bucket.")]
+S3Endpoint = Annotated[str | None, typer.Option(help="Any S3-compatible endpoint.")]
+StorageBlock = Annotated[str | None, typer.Option(help="A saved CheckpointStorage block.")]
 
 
 def _spec(**fields: Any):
@@ -62,14 +66,19 @@ def _spec(**fields: Any):
         raise InvalidRequestError(msgs) from None
 
 
+def _number(value: float | None, digits: int) -> str:
+    """A figure, or "-" where the run had none (a job whose steps were all done before)."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _figures_table(title: str, result: dict[str, Any]) -> Table:
     table = Table(title=title)
     table.add_column("measure")
     table.add_column("value", justify="right")
     f, q, u = result["figures"], result["quality"], result["untrained"]
     table.add_row("ranks", ", ".join(result["roles"]))
-    table.add_row("samples/s", f"{f['samples_per_s']:.1f}")
-    table.add_row("final loss", f"{f['final_loss']:.4f}")
+    table.add_row("samples/s", _number(f["samples_per_s"], 1))
+    table.add_row("final loss", _number(f["final_loss"], 4))
     table.add_row("max memory per device (MB)", f"{f['max_device_memory_mb']:.1f}")
     for key in ("zero_shot_acc", "i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5"):
         chance = q.get(f"{key}_chance", 0.1 if key == "zero_shot_acc" else None)
@@ -97,9 +106,10 @@ def train_cmd(
     sku: Sku = None,
     storage: StorageOpt = "local",
     checkpoint_dir: CheckpointDir = None,
-    storage_block: Annotated[
-        str | None, typer.Option(help="A saved CheckpointStorage block.")
-    ] = None,
+    s3_bucket: S3Bucket = None,
+    s3_prefix: S3Prefix = "",
+    s3_endpoint_url: S3Endpoint = None,
+    storage_block: StorageBlock = None,
 ) -> None:
     """Train the dual encoder (the `train_multimodal` flow): lease, train, evaluate, record."""
     from gpuflow.flows.train_multimodal import train_multimodal
@@ -119,9 +129,11 @@ def train_cmd(
         job_id=job_id,
         checkpoint_interval=max(steps // 2, 1),
     )
-    store = _storage(storage, checkpoint_dir, None, "", None, storage_block)
-    with _StepProgress():
-        result = _run_flow(train_multimodal, spec, device=DeviceRequest(sku=sku), storage=store)
+    store = storage_from_options(
+        storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
+    )
+    with StepProgress():
+        result = run_flow(train_multimodal, spec, device=DeviceRequest(sku=sku), storage=store)
     console.print(_figures_table(f"multimodal {spec.job_id} ({spec.layout})", result))
 
 
@@ -138,6 +150,10 @@ def compare_cmd(
     sku: Sku = None,
     storage: StorageOpt = "local",
     checkpoint_dir: CheckpointDir = None,
+    s3_bucket: S3Bucket = None,
+    s3_prefix: S3Prefix = "",
+    s3_endpoint_url: S3Endpoint = None,
+    storage_block: StorageBlock = None,
 ) -> None:
     """The same job on one device and as branches: MLflow parent/child runs side by side."""
     from gpuflow.flows.train_multimodal import compare_multimodal
@@ -154,9 +170,11 @@ def compare_cmd(
         job_id=job_id,
         checkpoint_interval=max(steps, 1),
     )
-    store = _storage(storage, checkpoint_dir, None, "", None, None)
-    with _StepProgress():
-        out = _run_flow(compare_multimodal, spec, device=DeviceRequest(sku=sku), storage=store)
+    store = storage_from_options(
+        storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
+    )
+    with StepProgress():
+        out = run_flow(compare_multimodal, spec, device=DeviceRequest(sku=sku), storage=store)
     table = Table(title=f"multimodal layouts ({spec.size}, batch {spec.batch_size})")
     columns = ("layout", "ranks", "samples_per_s", "speedup", "max_device_memory_mb", "i2t_r1")
     for column in columns:

@@ -20,7 +20,7 @@ from gpuflow.tables import comparison_table
 StorageOpt = Annotated[str, typer.Option("--storage", help="local | s3")]
 
 
-def _storage(
+def storage_from_options(
     storage: str,
     path: Path | None,
     bucket: str | None,
@@ -68,7 +68,7 @@ def _train_spec(**fields: Any):
         raise InvalidRequestError(msgs) from None
 
 
-class _StepProgress:
+class StepProgress:
     """A Rich progress bar fed by the training loop's step observers."""
 
     def __init__(self) -> None:
@@ -96,7 +96,7 @@ class _StepProgress:
             precision=info.precision,
         )
 
-    def __enter__(self) -> _StepProgress:
+    def __enter__(self) -> StepProgress:
         from gpuflow.tasks.training import control
 
         self.progress.start()
@@ -110,7 +110,7 @@ class _StepProgress:
         self.progress.stop()
 
 
-def _run_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def run_flow(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a flow in this process; its refusals become clean CLI errors."""
     from gpuflow.tasks.training.checkpoint import CheckpointError
     from gpuflow.tasks.training.precision import PrecisionError
@@ -204,9 +204,11 @@ def train_cmd(
         grad_clip_norm=grad_clip_norm,
         compile=compile_model,
     )
-    store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
-    with _StepProgress():
-        result = _run_flow(
+    store = storage_from_options(
+        storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
+    )
+    with StepProgress():
+        result = run_flow(
             train, spec, device=DeviceRequest(sku=sku, profile=profile), storage=store
         )
     table = Table(title=f"train {spec.job_id}")
@@ -264,9 +266,11 @@ def compare_precision_cmd(
         seed=seed,
         checkpoint_interval=max(steps, 1),
     )
-    store = _storage(storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block)
-    with _StepProgress():
-        out = _run_flow(
+    store = storage_from_options(
+        storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
+    )
+    with StepProgress():
+        out = run_flow(
             compare_precision,
             spec,
             candidates=candidate or ["auto"],

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from gpuflow.bench.allreduce_probe import probe_allreduce
+from gpuflow.bench.figures import flat_metrics
 from gpuflow.bench.scheduler_bench import SEED_MIXED_LOSS, mixed_gang_cost
 from gpuflow.bench.train_bench import machine
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
@@ -249,15 +250,8 @@ def _record(out: Mapping[str, Any], single: Sequence[float], gang: Sequence[floa
     from gpuflow.tasks.tracking import use_experiment
 
     experiment_id = use_experiment(EXPERIMENT)
-    metrics = {
-        f"{section}.{key}": float(value)
-        for section, values in out.items()
-        if isinstance(values, dict)
-        for key, value in values.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    }
     with mlflow.start_run(experiment_id=experiment_id, run_name="bench-distributed") as run:
-        mlflow.log_metrics(metrics)
+        mlflow.log_metrics(flat_metrics(out))
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
         left.plot(range(1, len(single) + 1), single, label="1 process")
         left.plot(range(1, len(gang) + 1), gang, "--", label="2 ranks")

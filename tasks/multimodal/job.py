@@ -16,11 +16,10 @@ from typing import Any
 
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.inventory import JobState
-from gpuflow.hardware.inventory.keeper import LeaseKeeper
 from gpuflow.tasks.multimodal.spec import MultimodalSpec
 from gpuflow.tasks.multimodal.worker import multimodal_rank_main
 from gpuflow.tasks.training.distributed.gang import GangUnit, choose_backend, encode_plan
-from gpuflow.tasks.training.distributed.job import LEASE_TTL_S, gang_units, rank_workloads_ended
+from gpuflow.tasks.training.distributed.job import gang_units, running_gang
 from gpuflow.tasks.training.distributed.launch import free_port, launch_agent
 from gpuflow.tasks.training.distributed.node_agent import device_backend_of
 from gpuflow.tasks.training.distributed.relay import StepRelay
@@ -98,12 +97,8 @@ def run_multimodal_job(
     run_id: str | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Train on the leased units, leases renewed meanwhile; every rank's result."""
-    inventory = cluster.get_inventory()
     attempt = bindings[0].lease.attempt
-    ids = [b.resource.resource_id for b in bindings]
-    keeper = LeaseKeeper(inventory, spec.job_id, attempt, ids, LEASE_TTL_S)
-    with keeper, rank_workloads_ended(cluster, spec.job_id, len(bindings)):
-        inventory.transition_job(spec.job_id, JobState.RUNNING, expect_attempt=attempt)
+    with running_gang(cluster, spec.job_id, bindings) as inventory:
         results = run_ranks(
             spec,
             storage,
@@ -113,7 +108,6 @@ def run_multimodal_job(
             run_id=run_id,
             device_backend=device_backend_of(cluster),
         )
-        keeper.check()
     inventory.transition_job(
         spec.job_id,
         JobState.FINISHED,

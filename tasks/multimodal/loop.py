@@ -72,6 +72,12 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def _steady_mean(values: list[float]) -> float:
+    """The mean without the first step, which pays for start-up (workers, allocator)."""
+    steady = values[1:] or values
+    return sum(steady) / max(len(steady), 1)
+
+
 def train_rank(
     spec: MultimodalSpec,
     store: Any,  # CheckpointStore
@@ -121,6 +127,7 @@ def train_rank(
     losses: list[float] = []
     step_times: list[float] = []
     compute_times: list[float] = []
+    by_part: dict[str, list[float]] = {p: [] for p in mine}
     gradients: dict[str, dict[str, torch.Tensor]] = {}
     last_checkpoint = restored
     for step in range(start, spec.steps):
@@ -157,6 +164,8 @@ def train_rank(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         busy = sum(compute_s.values())
+        for part, seconds in compute_s.items():
+            by_part[part].append(seconds)
         if probe is not None:
             probe.pace(busy)  # the twin's device time beyond the host's
             probe.observe_step(busy, time.perf_counter() - began)
@@ -183,9 +192,11 @@ def train_rank(
         "last_checkpoint": last_checkpoint,
         "losses": losses,
         "final_loss": losses[-1] if losses else None,
-        "step_time_s": sum(steady) / max(len(steady), 1),
-        "compute_s_per_step": sum(compute_times[1:] or compute_times) / max(len(steady), 1),
-        "samples_per_s": spec.batch_size * len(steady) / max(sum(steady), 1e-9),
+        # None when the job had no step left to run (its checkpoint was at spec.steps).
+        "step_time_s": sum(steady) / len(steady) if steady else None,
+        "compute_s_per_step": _steady_mean(compute_times),
+        "compute_s_by_part": {p: _steady_mean(t) for p, t in by_part.items()},
+        "samples_per_s": spec.batch_size * len(steady) / sum(steady) if steady else None,
         "memory": memory_report(device, parts.values(), optimizers.values(), meter),
     }
     if record_gradients:

@@ -117,9 +117,9 @@ def record_multimodal_results(
     )
     log_figure(run_id, quality_plot(trained, untrained), "quality.png")
     log.info(
-        "%s ranks: %.1f samples/s, zero-shot %.3f (untrained %.3f), i2t R@1 %.3f (untrained %.3f)",
+        "%s ranks: %s samples/s, zero-shot %.3f (untrained %.3f), i2t R@1 %.3f (untrained %.3f)",
         len(ranks),
-        figures["samples_per_s"],
+        "-" if figures["samples_per_s"] is None else f"{figures['samples_per_s']:.1f}",
         trained["zero_shot_acc"],
         untrained["zero_shot_acc"],
         trained["i2t_r1"],
@@ -141,7 +141,7 @@ def comparison_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "max_device_memory_mb": f["max_device_memory_mb"],
             **{k: f[k] for k in QUALITY_KEYS},
         }
-        if base is not None:
+        if base is not None and f["samples_per_s"] and base["figures"]["samples_per_s"]:
             row["speedup"] = f["samples_per_s"] / base["figures"]["samples_per_s"]
         rows.append(row)
     return rows

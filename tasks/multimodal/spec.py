@@ -13,15 +13,14 @@ Rank 0 always holds the head: it sees the loss first, logs, and commits checkpoi
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Literal
 
 from gpuflow.tasks.multimodal.model import HEAD, PARTS, SIZES, TEXT, VISION
+from gpuflow.tasks.training.spec import check_job_id
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 LAYOUTS = ("single", "branch")
 HEAD_PLACES = ("separate", "vision")
 
@@ -104,9 +103,7 @@ class MultimodalSpec(BaseModel):
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, value: str | None) -> str | None:
-        if value is not None and not _JOB_ID.match(value):
-            raise ValueError(f"job_id {value!r}: use 1-128 letters, digits, '_', '.', '-'")
-        return value
+        return check_job_id(value)
 
     @field_validator("size")
     @classmethod

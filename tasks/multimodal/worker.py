@@ -16,6 +16,16 @@ from gpuflow.tasks.training.distributed.gang import bind_this_rank, decode_plan
 from gpuflow.tasks.training.distributed.relay import relay_hook
 
 
+def _every(steps: int, metrics: Any) -> Any:
+    """A step hook logging loss and samples/s to MLflow every ``steps`` steps."""
+
+    def log(info: Any) -> None:
+        if info.step % steps == 0:
+            metrics.log(info.step, {"loss": info.loss, "samples_per_s": info.samples_per_s})
+
+    return log
+
+
 def multimodal_rank_main(
     spec: Any,  # MultimodalSpec
     store: Any,  # CheckpointStore, opened by the launcher
@@ -51,15 +61,7 @@ def multimodal_rank_main(
                 from gpuflow.tasks.tracking import StepMetricsLogger
 
                 metrics = StepMetricsLogger(run_id)
-                every = spec.log_every
-                hooks.append(
-                    lambda info: (
-                        info.step % every == 0
-                        and metrics.log(
-                            info.step, {"loss": info.loss, "samples_per_s": info.samples_per_s}
-                        )
-                    )
-                )
+                hooks.append(_every(spec.log_every, metrics))
         result = train_rank(
             spec,
             store,

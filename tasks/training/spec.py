@@ -13,6 +13,13 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
+def check_job_id(value: str | None) -> str | None:
+    """A job id names checkpoint folders and S3 prefixes: a safe, bounded name or none."""
+    if value is not None and not _JOB_ID.match(value):
+        raise ValueError(f"job_id {value!r}: use 1-128 letters, digits, '_', '.', '-'")
+    return value
+
+
 class TrainSpec(BaseModel):
     """A training job. Defaults come from the model's recommended settings."""
 
@@ -85,9 +92,7 @@ class TrainSpec(BaseModel):
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, value: str | None) -> str | None:
-        if value is not None and not _JOB_ID.match(value):
-            raise ValueError(f"job_id {value!r}: use 1-128 letters, digits, '_', '.', '-'")
-        return value
+        return check_job_id(value)
 
     @field_validator("grad_clip_norm")
     @classmethod

@@ -59,15 +59,27 @@ def test_cli_refuses_a_batch_that_does_not_split() -> None:
     assert "does not split into 3" in done.stdout + done.stderr
 
 
-def test_compare_puts_single_and_branch_side_by_side(tmp_path: Path) -> None:
+def test_compare_puts_single_and_branch_side_by_side(s3_server: str) -> None:
+    """Both layouts checkpoint to S3 (every rank opens its own client; rank 0 commits)."""
+    import boto3
     from gpuflow.blocks.checkpoint_storage import CheckpointStorage
+    from pydantic import SecretStr
 
-    spec = MultimodalSpec(job_id="mm-cmp", steps=6, batch_size=32, checkpoint_interval=6)
-    out = compare_multimodal(
-        spec,
-        device=DeviceRequest(sku="a100-40gb"),
-        storage=CheckpointStorage(kind="local", path=str(tmp_path)),
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    s3.create_bucket(Bucket="mm-ckpt")
+    storage = CheckpointStorage(
+        kind="s3",
+        bucket="mm-ckpt",
+        endpoint_url=s3_server,
+        region_name="us-east-1",
+        access_key_id="testing",
+        secret_access_key=SecretStr("testing"),
     )
+    spec = MultimodalSpec(job_id="mm-cmp", steps=6, batch_size=32, checkpoint_interval=3)
+    out = compare_multimodal(spec, device=DeviceRequest(sku="a100-40gb"), storage=storage)
+    keys = {k["Key"] for k in s3.list_objects_v2(Bucket="mm-ckpt")["Contents"]}
+    for layout in ("single", "branch"):
+        assert any(k.startswith(f"mm-cmp-{layout}/step-000000006/") for k in keys), keys
     rows = {row["layout"]: row for row in out["rows"]}
     assert rows["single"]["ranks"] == 1 and rows["branch"]["ranks"] == 3
     assert rows["single"]["speedup"] == 1.0

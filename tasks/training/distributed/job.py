@@ -50,6 +50,21 @@ def rank_workloads_ended(cluster: Any, job_id: str, ranks: int) -> Iterator[None
             backend.end_workload(rank_owner(job_id, rank))
 
 
+@contextlib.contextmanager
+def running_gang(cluster: Any, job_id: str, bindings: Sequence[Any]) -> Iterator[Any]:
+    """The gang's job RUNNING on its leases, which one LeaseKeeper renews meanwhile; every
+    rank's workload ended afterwards, and a lease lost on the way raised at the end.
+    Yields the inventory."""
+    inventory = cluster.get_inventory()
+    attempt = bindings[0].lease.attempt
+    ids = [b.resource.resource_id for b in bindings]
+    keeper = LeaseKeeper(inventory, job_id, attempt, ids, LEASE_TTL_S)
+    with keeper, rank_workloads_ended(cluster, job_id, len(bindings)):
+        inventory.transition_job(job_id, JobState.RUNNING, expect_attempt=attempt)
+        yield inventory
+        keeper.check()
+
+
 def run_gang_training(
     spec: TrainSpec,
     storage: Any,  # CheckpointStorage
@@ -58,19 +73,14 @@ def run_gang_training(
     run_id: str | None = None,
 ) -> tuple[TrainResult, dict[str, Any]]:
     """Train ``spec`` as one rank per binding; (rank 0's result, the gang's report)."""
-    inventory = cluster.get_inventory()
     attempt = bindings[0].lease.attempt
-    ids = [b.resource.resource_id for b in bindings]
-    keeper = LeaseKeeper(inventory, spec.job_id, attempt, ids, LEASE_TTL_S)
-    with keeper, rank_workloads_ended(cluster, spec.job_id, len(bindings)):
-        inventory.transition_job(spec.job_id, JobState.RUNNING, expect_attempt=attempt)
+    with running_gang(cluster, spec.job_id, bindings) as inventory:
         units = gang_units(bindings)
         common = agent_options(spec, cluster, bindings[0].lease.token, attempt, run_id)
         if len({u.node for u in units}) == 1:
             out = run_gang(spec, storage, units, staging=gpuflow_home() / "gangs", **common)
         else:
             out = _run_across_nodes(spec, storage, cluster, units, common)
-        keeper.check()
     result = TrainResult(
         **{k: v for k, v in out.items() if k in _RESULT_FIELDS and k != "switches"}
     )
@@ -85,7 +95,7 @@ def run_gang_training(
         "backend": out["backend"],
         "parallel": spec.parallel,
         "nodes": sorted({b.resource.node for b in bindings}),
-        "resource_ids": ids,
+        "resource_ids": [b.resource.resource_id for b in bindings],
     }
     return result, report
 

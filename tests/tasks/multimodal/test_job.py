@@ -90,6 +90,10 @@ def test_checkpoints_resume_in_the_other_layout(tmp_path: Path, solo_group: None
     assert losses == pytest.approx(reference["losses"], abs=1e-4)
     ids = [c.checkpoint_id for c in CheckpointManager(storage, "moved").list()]
     assert ids == ["step-000000002", "step-000000004"]
+    # Run once more: nothing left to do, and nothing to measure (no made-up rate).
+    again = _single(_spec("moved", 4, checkpoint_interval=2), tmp_path / "ckpt")
+    assert again["resumed_from_step"] == 4 and again["losses"] == []
+    assert again["samples_per_s"] is None and again["last_checkpoint"] == "step-000000004"
 
 
 def test_units_must_fit_the_layout() -> None:
