@@ -1,26 +1,19 @@
 #!/usr/bin/env bash
-# Regenerates the Open Inference Protocol (KServe v2) Python stubs in tasks/edge/serving/proto/
-# from grpc_predict_v2.proto with grpcio-tools (a dev extra). Run from anywhere:
+# Rebuilds the Open Inference Protocol (KServe v2) descriptor that gpuflow's OIP messages
+# are made from: tasks/edge/serving/proto/grpc_predict_v2.binpb, a serialized
+# FileDescriptorSet of grpc_predict_v2.proto. Run from anywhere after editing the .proto:
 #   scripts/gen_oip_protos.sh            (uses .venv/bin/python, or $PYTHON)
-# tasks/ is installed as gpuflow.tasks, so the proto is compiled in a scratch tree laid out
-# as the installed package (gpuflow/tasks/edge/serving/proto/): the generated *_pb2_grpc.py
-# then imports its messages as gpuflow.tasks.edge.serving.proto.grpc_predict_v2_pb2.
-# The generated code pins the grpcio / protobuf runtimes it was made with; regenerate after
-# changing grpcio-tools and keep pyproject.toml's grpcio/protobuf lower bounds in step.
+# It needs grpcio-tools (`pip install grpcio-tools`, any version: a descriptor set is the
+# same bytes whichever protoc wrote it). No Python code is generated: oip.py builds the
+# message classes from the descriptor at import, in a descriptor pool of its own, so they
+# work on every protobuf runtime from 6.31 on and never clash with KServe's, Triton's or
+# MLServer's stubs of the same `inference` package in one process.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
 rel=tasks/edge/serving/proto
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/gpuflow/$rel"
-cp "$root/$rel/grpc_predict_v2.proto" "$scratch/gpuflow/$rel/"
-cd "$scratch"
 "$python" -m grpc_tools.protoc \
-  --proto_path=. \
-  --python_out=. \
-  --pyi_out=. \
-  --grpc_python_out=. \
-  "gpuflow/$rel/grpc_predict_v2.proto"
-cp "gpuflow/$rel"/grpc_predict_v2_pb2*.py* "$root/$rel/"
-echo "generated: $(ls "$root/$rel"/grpc_predict_v2_pb2*.py*)"
+  --proto_path="$root/$rel" \
+  --descriptor_set_out="$root/$rel/grpc_predict_v2.binpb" \
+  grpc_predict_v2.proto
+echo "generated: $root/$rel/grpc_predict_v2.binpb"

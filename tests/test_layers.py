@@ -44,7 +44,7 @@ def module_files(root: Path = ROOT) -> dict[str, Path]:
     modules: dict[str, Path] = {}
     for prefix, base in bases.items():
         for path in sorted(base.rglob("*.py")):
-            if "__pycache__" in path.parts or path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            if "__pycache__" in path.parts:
                 continue
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -18,8 +18,7 @@ import grpc
 import numpy as np
 from gpuflow.tasks.edge.manifest import parse_hop
 from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from gpuflow.tasks.edge.serving.proto import oip as pb
 
 # Activation tensors exceed gRPC's 4 MiB default receive limit (a ResNet stage boundary at
 # batch 8 is ~25 MB); servers and clients both raise it to this.
@@ -101,7 +100,7 @@ class OipClient:
         self.address = address
         self.timeout_s = float(timeout_s)
         self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
+        self.stub = pb.GRPCInferenceServiceStub(self._channel)
 
     def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         try:

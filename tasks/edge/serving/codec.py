@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY, kserve_dtype
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.proto import oip as pb
 
 # Which typed-contents field carries each datatype (the protocol's table); FP16 has none.
 _TYPED_FIELD: dict[str, str] = {
@@ -157,10 +157,14 @@ def _decode_typed(
             f"tensor {name!r}: {field} holds {len(values)} elements but shape {list(shape)} "
             f"needs {count}"
         )
-    array = np.array(values, dtype=dtype)
+    outside = TensorCodecError(f"tensor {name!r}: {field} holds values outside {datatype}")
+    try:
+        array = np.array(values, dtype=dtype)
+    except OverflowError:  # numpy refuses a Python int that does not fit (protobuf 6's lists)
+        raise outside from None
     if datatype not in ("BOOL", "FP32", "FP64") and not np.array_equal(array, np.array(values)):
         # int_contents/uint_contents are 32-bit on the wire: reject values that wrap.
-        raise TensorCodecError(f"tensor {name!r}: {field} holds values outside {datatype}")
+        raise outside
     return array.reshape(shape)
 
 

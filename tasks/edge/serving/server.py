@@ -73,8 +73,7 @@ from gpuflow.tasks.edge.serving.codec import (
     decode_tensors,
 )
 from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from gpuflow.tasks.edge.serving.proto import oip as pb
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 log = logging.getLogger(__name__)
@@ -286,7 +285,7 @@ class _NextHop:
             return False
 
 
-class ShardServicer(pb_grpc.GRPCInferenceServiceServicer):
+class ShardServicer(pb.GRPCInferenceServiceServicer):
     """GRPCInferenceService for one ShardModel, optionally forwarding to a next hop."""
 
     def __init__(self, model: ShardModel, next_hop: _NextHop | None = None) -> None:
@@ -495,7 +494,7 @@ def start_shard_server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"oip-{model.name}"),
         options=options,
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    pb.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     bind = f"{_bracket(host)}:{port}"
     try:
         bound = server.add_insecure_port(bind)

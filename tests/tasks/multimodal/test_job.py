@@ -77,15 +77,16 @@ def test_branch_layout_equals_one_device(tmp_path: Path, solo_group: None) -> No
 
 @pytest.mark.slow
 def test_checkpoints_resume_in_the_other_layout(tmp_path: Path, solo_group: None) -> None:
-    """Two steps as two ranks (the head beside the vision tower), two more as three ranks
-    from its checkpoint: the losses of one uninterrupted device, step for step."""
+    """Two steps on one device (in this process), two more from its checkpoint as two
+    ranks (the head beside the vision tower): one uninterrupted device's losses, step for
+    step."""
     storage = LocalStorage(tmp_path / "ckpt")
-    first = run_ranks(_spec("moved", 2, head="vision", checkpoint_interval=2), storage, UNITS[:2])
-    assert [first[r]["role"] for r in range(2)] == ["vision+head", "text"]
-    then = run_ranks(_spec("moved", 4, checkpoint_interval=2), storage, UNITS)
+    first = _single(_spec("moved", 2, checkpoint_interval=2), tmp_path / "ckpt")
+    then = run_ranks(_spec("moved", 4, head="vision", checkpoint_interval=2), storage, UNITS[:2])
+    assert [then[r]["role"] for r in range(2)] == ["vision+head", "text"]
     assert then[0]["resumed_from_step"] == 2
     reference = _single(_spec("ref", 4, checkpoint_interval=4), tmp_path / "one")
-    losses = first[0]["losses"] + then[0]["losses"]
+    losses = first["losses"] + then[0]["losses"]
     assert len(losses) == 4
     assert losses == pytest.approx(reference["losses"], abs=1e-4)
     ids = [c.checkpoint_id for c in CheckpointManager(storage, "moved").list()]

@@ -13,7 +13,7 @@ from gpuflow.tasks.edge.serving.codec import (
     decode_tensors,
 )
 from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.proto import oip as pb
 
 
 @pytest.mark.parametrize("datatype", sorted(KSERVE_TO_NUMPY))

@@ -13,7 +13,7 @@ import pytest
 from gpuflow.tasks.edge.manifest import ManifestError, ShardIntegrityError, load_manifest
 from gpuflow.tasks.edge.serving.client import OipClient, OipError
 from gpuflow.tasks.edge.serving.codec import build_infer_request
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
+from gpuflow.tasks.edge.serving.proto import oip as pb
 from gpuflow.tasks.edge.serving.server import PLATFORM, SERVER_NAME, ShardServer
 
 X = np.array([[0.5, -1.0, 2.0, 0.25], [1.0, 1.0, -0.5, 3.0]], dtype=np.float32)
@@ -174,10 +174,8 @@ def test_default_grpc_limit_would_refuse_that_activation(big, start_server) -> N
     request = build_infer_request("big-shard0", {"a": a})
     options = [("grpc.max_send_message_length", 64 << 20)]  # receive stays at 4 MiB
     with grpc.insecure_channel(server.address, options=options) as channel:
-        from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-
         with pytest.raises(grpc.RpcError) as err:
-            pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+            pb.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 

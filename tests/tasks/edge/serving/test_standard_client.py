@@ -7,8 +7,7 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2 as pb
-from gpuflow.tasks.edge.serving.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from gpuflow.tasks.edge.serving.proto import oip as pb
 
 
 def test_wire_names_are_the_protocols() -> None:
@@ -30,7 +29,7 @@ def test_wire_names_are_the_protocols() -> None:
 def test_bare_stub_runs_every_rpc(mlp, mlp_servers) -> None:
     address = mlp_servers[2].address
     with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub = pb.GRPCInferenceServiceStub(channel)
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
         assert stub.ServerReady(pb.ServerReadyRequest(), timeout=5).ready
         assert stub.ModelReady(pb.ModelReadyRequest(name="mlp-shard2"), timeout=5).ready
@@ -57,7 +56,7 @@ def test_bare_stub_runs_every_rpc(mlp, mlp_servers) -> None:
 
 def test_bare_stub_sees_invalid_argument(mlp_servers) -> None:
     with grpc.insecure_channel(mlp_servers[2].address) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub = pb.GRPCInferenceServiceStub(channel)
         request = pb.ModelInferRequest(model_name="mlp-shard2")
         request.inputs.add(name="h2", datatype="FP32", shape=[1, 6])
         request.raw_input_contents.append(b"\0" * 23)

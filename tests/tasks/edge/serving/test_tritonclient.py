@@ -1,0 +1,86 @@
+"""NVIDIA's tritonclient (from PyPI, a dev extra) beside gpuflow: in one environment and
+one process with our OIP messages, and as an independent client of a shard and of a
+forwarding chain's head."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as triton
+from gpuflow.tasks.edge.serving.proto import oip
+from tritonclient.grpc import service_pb2 as triton_pb
+
+X = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+
+
+def test_both_message_sets_live_in_one_process_and_agree_on_the_wire() -> None:
+    """Triton's stubs sit in protobuf's default pool under the same `inference` names;
+    ours in a pool of their own: no duplicate symbol, and each side parses the other."""
+    ours = oip.ModelInferRequest(model_name="m", id="r1")
+    tensor = ours.inputs.add(name="x", datatype="FP32", shape=[3, 4])
+    tensor.parameters["binary_data_size"].int64_param = 48
+    ours.raw_input_contents.append(X.tobytes())
+    ours.outputs.add(name="y")
+    theirs = triton_pb.ModelInferRequest.FromString(ours.SerializeToString())
+    assert (theirs.model_name, theirs.id, theirs.outputs[0].name) == ("m", "r1", "y")
+    assert list(theirs.inputs[0].shape) == [3, 4]
+    assert theirs.inputs[0].parameters["binary_data_size"].int64_param == 48
+    assert theirs.raw_input_contents[0] == X.tobytes()
+    back = oip.ModelInferRequest.FromString(theirs.SerializeToString())
+    assert back == ours
+    assert (
+        oip.ModelInferRequest.DESCRIPTOR.full_name
+        == triton_pb.ModelInferRequest.DESCRIPTOR.full_name
+    )
+    assert oip.ModelInferRequest.DESCRIPTOR.file.pool is not triton_pb.DESCRIPTOR.pool
+
+
+def test_tritonclient_runs_a_shard(mlp, mlp_servers) -> None:
+    h2 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    client = triton.InferenceServerClient(url=mlp_servers[2].address)
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("mlp-shard2")
+        meta = client.get_model_metadata("mlp-shard2")
+        assert [i.name for i in meta.inputs] == ["h2"]
+        assert {o.name for o in meta.outputs} == {"y", "probs"}
+        tensor = triton.InferInput("h2", list(h2.shape), "FP32")
+        tensor.set_data_from_numpy(h2)
+        result = client.infer("mlp-shard2", [tensor], request_id="t1")
+    finally:
+        client.close()
+    assert result.get_response().id == "t1"
+    session = ort.InferenceSession(
+        str(mlp.shard_dirs[2] / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    y, probs = session.run(["y", "probs"], {"h2": h2})
+    np.testing.assert_array_equal(result.as_numpy("y"), y)
+    np.testing.assert_array_equal(result.as_numpy("probs"), probs)
+
+
+def test_tritonclient_runs_the_chain_through_its_head(mlp, mlp_forwarding) -> None:
+    client = triton.InferenceServerClient(url=mlp_forwarding[0].address)
+    try:
+        assert client.is_model_ready("mlp-shard0")
+        tensor = triton.InferInput("x", list(X.shape), "FP32")
+        tensor.set_data_from_numpy(X)
+        wanted = [triton.InferRequestedOutput("probs")]
+        result = client.infer("mlp-shard0", [tensor], outputs=wanted)
+    finally:
+        client.close()
+    expected = mlp.reference({"x": X})["probs"]
+    np.testing.assert_allclose(result.as_numpy("probs"), expected, rtol=1e-5, atol=1e-6)
+    assert result.as_numpy("y") is None  # only what was asked for comes back
+
+
+def test_tritonclient_sees_a_bad_request_refused(mlp_servers) -> None:
+    client = triton.InferenceServerClient(url=mlp_servers[2].address)
+    try:
+        tensor = triton.InferInput("h2", [2, 5], "FP32")  # the shard takes [N, 6]
+        tensor.set_data_from_numpy(np.zeros((2, 5), dtype=np.float32))
+        with pytest.raises(triton.InferenceServerException) as err:
+            client.infer("mlp-shard2", [tensor])
+    finally:
+        client.close()
+    assert "INVALID_ARGUMENT" in str(err.value.status())
