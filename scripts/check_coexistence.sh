@@ -4,7 +4,9 @@
 # to theirs and back. CI's dev extras already hold tritonclient[grpc] (the suite runs
 # tests/tasks/edge/serving/test_tritonclient.py); this covers the others:
 #   scripts/check_coexistence.sh kserve      (KServe's SDK and its OIP stubs)
-#   scripts/check_coexistence.sh mlserver    (Seldon's MLServer and its OIP stubs)
+#   scripts/check_coexistence.sh mlserver    (Seldon's MLServer and its OIP stubs; fails
+#                                            today: MLServer 1.7.1 wants fastapi<0.116,
+#                                            Prefect 3.9 fastapi>=0.139; docs/edge.md)
 #   scripts/check_coexistence.sh tritonclient
 # It takes minutes (a new environment with torch, Prefect and MLflow). Exit status 0: both
 # installed side by side and spoke.
