@@ -12,7 +12,9 @@ gracefully: readiness turns false, in-flight requests finish, then it exits 0.
 
 RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer of
 ``inference.GRPCInferenceService``; tensors as raw contents (typed contents are accepted
-too). Status codes:
+too). On the same port ``grpc.health.v1.Health``; with ``--http-port`` the KServe v2 REST
+health endpoints and Prometheus ``/metrics`` in Triton's names (probes.py, metrics.py).
+Status codes:
 
 - ModelInfer with anything malformed -- a model name or version this server does not serve,
   an unknown, missing or repeated input, a wrong datatype or shape, raw bytes that do not
@@ -51,14 +53,11 @@ from types import TracebackType
 
 import grpc
 import numpy as np
-import onnxruntime as ort
 from gpuflow.tasks.edge.manifest import (
     ManifestError,
     ShardIntegrityError,
     ShardManifest,
-    TensorSpec,
     parse_hop,
-    verify_shard,
 )
 from gpuflow.tasks.edge.serving.client import (
     DEFAULT_MAX_MESSAGE_MB,
@@ -67,13 +66,14 @@ from gpuflow.tasks.edge.serving.client import (
     channel_options,
 )
 from gpuflow.tasks.edge.serving.codec import (
-    TensorCodecError,
     add_output,
     build_infer_request,
-    decode_tensors,
 )
 from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
+from gpuflow.tasks.edge.serving.metrics import InstrumentedServicer, ShardMetrics
+from gpuflow.tasks.edge.serving.probes import ProbeServer, ShardHealth, add_health
 from gpuflow.tasks.edge.serving.proto import oip as pb
+from gpuflow.tasks.edge.serving.shard_model import InvalidRequestError, ShardModel
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 log = logging.getLogger(__name__)
@@ -87,176 +87,12 @@ EXIT_INTEGRITY_ERROR = 3
 # How long readiness waits for a next hop's answer: readiness probes must stay cheap.
 _NEXT_HOP_PROBE_S = 2.0
 
-# onnxruntime's type strings for the datatypes a manifest can declare.
-_ORT_TO_KSERVE = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-}
-
-
-class InvalidRequestError(ValueError):
-    """A ModelInfer request this shard cannot run as sent (-> INVALID_ARGUMENT)."""
-
 
 def _server_version() -> str:
     try:
         return importlib_metadata.version("gpuflow")
     except importlib_metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-def _check_against_session(
-    manifest: ShardManifest, what: str, specs: list[TensorSpec], args: Sequence[ort.NodeArg]
-) -> None:
-    """Refuse a manifest that disagrees with the ONNX file about names, dtypes or ranks."""
-    onnx_args = {a.name: a for a in args}
-    for spec in specs:
-        arg = onnx_args.get(spec.name)
-        if arg is None:
-            raise ManifestError(
-                f"shard {manifest.model_name}: manifest {what} {spec.name!r} is not a graph "
-                f"{what} of {manifest.onnx_file} (graph has {sorted(onnx_args)})"
-            )
-        onnx_dtype = _ORT_TO_KSERVE.get(arg.type, arg.type)
-        if onnx_dtype != spec.dtype:
-            raise ManifestError(
-                f"shard {manifest.model_name}: {what} {spec.name!r} is {spec.dtype} in the "
-                f"manifest but {onnx_dtype} in the ONNX file"
-            )
-        if arg.shape is not None and len(arg.shape) != len(spec.shape):
-            raise ManifestError(
-                f"shard {manifest.model_name}: {what} {spec.name!r} has rank {len(spec.shape)} "
-                f"in the manifest but {len(arg.shape)} in the ONNX file"
-            )
-
-
-class ShardModel:
-    """A verified shard loaded into onnxruntime, with the request checks of its manifest."""
-
-    def __init__(
-        self, shard_dir: str | Path, intra_op_threads: int = 0, providers: Sequence[str] = ()
-    ) -> None:
-        self.shard_dir = Path(shard_dir)
-        # verify_shard raises ShardIntegrityError before any byte of the model is parsed.
-        self.manifest = verify_shard(self.shard_dir)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(intra_op_threads)
-        options.log_severity_level = 3  # errors only: per-run warnings would flood the log
-        available = ort.get_available_providers()
-        chosen = [p for p in providers if p in available] or ["CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(
-                str(self.shard_dir / self.manifest.onnx_file), options, providers=chosen
-            )
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ManifestError(
-                f"shard {self.manifest.model_name}: onnxruntime cannot load "
-                f"{self.manifest.onnx_file}: {exc}"
-            ) from None
-        _check_against_session(
-            self.manifest, "input", self.manifest.inputs, self.session.get_inputs()
-        )
-        _check_against_session(
-            self.manifest, "output", self.manifest.outputs, self.session.get_outputs()
-        )
-        missing = {a.name for a in self.session.get_inputs()} - {
-            s.name for s in self.manifest.inputs
-        }
-        if missing:
-            raise ManifestError(
-                f"shard {self.manifest.model_name}: graph inputs {sorted(missing)} are missing "
-                "from the manifest"
-            )
-        self.inputs = {s.name: s for s in self.manifest.inputs}
-        self.outputs = {s.name: s for s in self.manifest.outputs}
-        self.providers = self.session.get_providers()
-
-    @property
-    def name(self) -> str:
-        return self.manifest.model_name
-
-    @property
-    def version(self) -> str:
-        return self.manifest.version
-
-    def serves(self, name: str, version: str = "") -> bool:
-        return name == self.name and version in ("", self.version)
-
-    def _check_model(self, request: pb.ModelInferRequest) -> None:
-        if request.model_name != self.name:
-            raise InvalidRequestError(
-                f"model {request.model_name!r} is not served here; this server serves {self.name!r}"
-            )
-        if request.model_version not in ("", self.version):
-            have = repr(self.version) if self.version else "none (leave it empty)"
-            raise InvalidRequestError(
-                f"model {self.name!r} has no version {request.model_version!r}; version: {have}"
-            )
-
-    def decode_inputs(self, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
-        """The request's input arrays, every check done first; InvalidRequestError naming
-        the first problem otherwise."""
-        self._check_model(request)
-        seen: set[str] = set()
-        for tensor in request.inputs:
-            spec = self.inputs.get(tensor.name)
-            if spec is None:
-                raise InvalidRequestError(
-                    f"model {self.name!r} has no input {tensor.name!r}; inputs: "
-                    f"{sorted(self.inputs)}"
-                )
-            if tensor.name in seen:
-                raise InvalidRequestError(f"input {tensor.name!r} is given twice")
-            seen.add(tensor.name)
-            if tensor.datatype != spec.dtype:
-                raise InvalidRequestError(
-                    f"input {tensor.name!r}: datatype {tensor.datatype!r} but model "
-                    f"{self.name!r} expects {spec.dtype}"
-                )
-            shape = list(tensor.shape)
-            if len(shape) != len(spec.shape) or any(
-                want not in (-1, got) or got < 0
-                for want, got in zip(spec.shape, shape, strict=True)
-            ):
-                raise InvalidRequestError(
-                    f"input {tensor.name!r}: shape {shape} does not match model {self.name!r}'s "
-                    f"{list(spec.shape)} (-1 = any size)"
-                )
-        missing = sorted(set(self.inputs) - seen)
-        if missing:
-            raise InvalidRequestError(f"model {self.name!r}: inputs {missing} are missing")
-        try:
-            return decode_tensors(request.inputs, request.raw_input_contents)
-        except TensorCodecError as exc:
-            raise InvalidRequestError(str(exc)) from None
-
-    def requested_outputs(self, request: pb.ModelInferRequest) -> list[str]:
-        names = [o.name for o in request.outputs]
-        unknown = sorted(set(names) - set(self.outputs))
-        if unknown:
-            raise InvalidRequestError(
-                f"model {self.name!r} has no outputs {unknown}; outputs: {sorted(self.outputs)}"
-            )
-        if len(set(names)) != len(names):
-            raise InvalidRequestError(f"requested outputs {names} repeat a name")
-        return names or list(self.outputs)
-
-    def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        """Run the shard; onnxruntime's InferenceSession.run is safe from many threads."""
-        results = self.session.run(list(output_names), inputs)
-        return dict(zip(output_names, results, strict=True))
 
 
 class _NextHop:
@@ -293,7 +129,8 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         self.next_hop = next_hop
         self.draining = False
 
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
+        """Serving, and (forwarding) the next hop is ready: what every probe reports."""
         if self.draining:
             return False
         return self.next_hop is None or self.next_hop.ready()
@@ -302,11 +139,11 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     def ServerReady(self, request, context):  # noqa: N802
-        return pb.ServerReadyResponse(ready=self._ready())
+        return pb.ServerReadyResponse(ready=self.ready())
 
     def ModelReady(self, request, context):  # noqa: N802
         return pb.ModelReadyResponse(
-            ready=self.model.serves(request.name, request.version) and self._ready()
+            ready=self.model.serves(request.name, request.version) and self.ready()
         )
 
     def ServerMetadata(self, request, context):  # noqa: N802
@@ -413,6 +250,9 @@ class ShardServer:
     servicer: ShardServicer
     host: str
     port: int
+    health: ShardHealth
+    metrics: ShardMetrics
+    http: ProbeServer | None = None  # /v2/health/*, /v2/models/*/ready, /metrics
 
     @property
     def address(self) -> str:
@@ -423,13 +263,20 @@ class ShardServer:
         return self.servicer.model.manifest
 
     @property
+    def http_address(self) -> str | None:
+        return self.http.address if self.http is not None else None
+
+    @property
     def forward_to(self) -> str | None:
         return self.servicer.next_hop.address if self.servicer.next_hop else None
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting work, let in-flight requests finish (up to grace_s), then close."""
         self.servicer.draining = True
+        self.health.shutdown()  # probes and watchers see NOT_SERVING before the port closes
         self.server.stop(grace_s).wait()
+        if self.http is not None:
+            self.http.stop()
         if self.servicer.next_hop is not None:
             self.servicer.next_hop.client.close()
 
@@ -461,6 +308,7 @@ def start_shard_server(
     max_message_mb: int = DEFAULT_MAX_MESSAGE_MB,
     forward_timeout_s: float = 60.0,
     providers: Sequence[str] = (),
+    http_port: int | None = None,
 ) -> ShardServer:
     """Verify and load the shard, then serve it; ``port=0`` picks a free port.
 
@@ -468,9 +316,13 @@ def start_shard_server(
     forwards there. The next shard's model name is ``forward_model``, else the manifest's
     ``extra["next_model"]``. Raises ShardIntegrityError on a sha256 mismatch, ManifestError
     or ValueError on any other bad shard or argument, OSError if the port cannot be bound.
+    ``http_port``: also serve the HTTP probes and /metrics there (0: a free port; None: no
+    HTTP). grpc.health.v1 is always on the OIP port (probes.py).
     """
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
+    if http_port is not None and (not isinstance(http_port, int) or not 0 <= http_port <= 65535):
+        raise ValueError(f"http_port must be an int in [0, 65535] or None, got {http_port!r}")
     if not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
     # gRPC sets SO_REUSEPORT by default: a second server on a busy port would bind and
@@ -494,7 +346,9 @@ def start_shard_server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"oip-{model.name}"),
         options=options,
     )
-    pb.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    metrics = ShardMetrics(model.name, model.version)
+    pb.add_GRPCInferenceServiceServicer_to_server(InstrumentedServicer(servicer, metrics), server)
+    health = add_health(server, servicer.ready)
     bind = f"{_bracket(host)}:{port}"
     try:
         bound = server.add_insecure_port(bind)
@@ -503,11 +357,28 @@ def start_shard_server(
     else:
         reason = "port in use or address not local"
     if not bound:
+        health.shutdown()
         if next_hop is not None:
             next_hop.client.close()
         raise OSError(f"cannot bind the OIP server to {bind}: {reason}")
     server.start()
-    running = ShardServer(server=server, servicer=servicer, host=host, port=bound)
+    running = ShardServer(
+        servicer=servicer, server=server, host=host, port=bound, health=health, metrics=metrics
+    )
+    if http_port is not None:
+        try:
+            running.http = ProbeServer(
+                host,
+                http_port,
+                ready=servicer.ready,
+                serves=model.serves,
+                registry=metrics.registry,
+            )
+        except OSError as exc:
+            running.stop(grace_s=0)
+            raise OSError(
+                f"cannot bind the HTTP probes to {_bracket(host)}:{http_port}: {exc}"
+            ) from None
     log.info(
         "serving %s (shard %d/%d, %s) on %s%s",
         model.name,
@@ -536,7 +407,8 @@ def ready_line(running: ShardServer) -> str:
     m = running.manifest
     return (
         f"{READY_PREFIX}model={m.model_name} address={running.address} "
-        f"shard={m.shard_index + 1}/{m.num_shards} forward_to={running.forward_to or '-'}"
+        f"shard={m.shard_index + 1}/{m.num_shards} forward_to={running.forward_to or '-'} "
+        f"http={running.http_address or '-'}"
     )
 
 
@@ -553,6 +425,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     hop.add_argument("--no-forward", action="store_true", help="ignore the manifest's next_hop")
     parser.add_argument("--forward-model", help="the next shard's model name")
     parser.add_argument("--workers", type=int, default=4, help="gRPC worker threads")
+    parser.add_argument(
+        "--http-port", type=int, default=None, help="HTTP probes and /metrics (0: any port)"
+    )
     parser.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads")
     parser.add_argument("--max-message-mb", type=int, default=DEFAULT_MAX_MESSAGE_MB)
     parser.add_argument("--grace-s", type=float, default=5.0, help="shutdown grace period")
@@ -582,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_workers=args.workers,
             intra_op_threads=args.intra_op_threads,
             max_message_mb=args.max_message_mb,
+            http_port=args.http_port,
         )
     except ShardIntegrityError as exc:
         print(f"gpuflow shard server: refusing to start: {exc}", file=sys.stderr)
