@@ -16,13 +16,13 @@ too). On the same port ``grpc.health.v1.Health``; with ``--http-port`` the KServ
 health endpoints and Prometheus ``/metrics`` in Triton's names (probes.py, metrics.py).
 Status codes:
 
-- ModelInfer with anything malformed -- a model name or version this server does not serve,
-  an unknown, missing or repeated input, a wrong datatype or shape, raw bytes that do not
-  match shape x datatype, an unknown requested output -- is INVALID_ARGUMENT, with a message
-  naming the problem. The request is malformed for this endpoint; the server keeps serving.
-  (KServe leaves the code to the server; Triton answers an unknown model with NOT_FOUND on
-  the metadata RPC, and we do the same there.)
+- ModelInfer for a model name or version this server does not serve: NOT_FOUND (as Triton
+  answers). With anything else malformed -- an unknown, missing or repeated input, a wrong
+  datatype or shape, raw bytes that do not match shape x datatype, an unknown requested
+  output -- INVALID_ARGUMENT, with a message naming the problem. The server keeps serving.
 - ModelMetadata for an unknown model or version: NOT_FOUND. ModelReady for one: ready=false.
+  A forwarding shard's metadata lists the outputs its ModelInfer returns: the chain's final
+  ones (its next hop's metadata); UNAVAILABLE while the next hop cannot say.
 - Forwarding mode: the next hop's own status code, details prefixed with the hop; an
   unreachable next hop is UNAVAILABLE; outputs that cannot be handed to the next shard's
   inputs (a chain wired wrong) FAILED_PRECONDITION.
@@ -61,6 +61,7 @@ from gpuflow.tasks.edge.manifest import (
 )
 from gpuflow.tasks.edge.serving.client import (
     DEFAULT_MAX_MESSAGE_MB,
+    ModelMetadata,
     OipClient,
     OipError,
     channel_options,
@@ -73,7 +74,11 @@ from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inpu
 from gpuflow.tasks.edge.serving.metrics import InstrumentedServicer, ShardMetrics
 from gpuflow.tasks.edge.serving.probes import ProbeServer, ShardHealth, add_health
 from gpuflow.tasks.edge.serving.proto import oip as pb
-from gpuflow.tasks.edge.serving.shard_model import InvalidRequestError, ShardModel
+from gpuflow.tasks.edge.serving.shard_model import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    ShardModel,
+)
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 log = logging.getLogger(__name__)
@@ -103,15 +108,18 @@ class _NextHop:
         self.model_name = model_name
         self.timeout_s = timeout_s
         self.client = OipClient(address, timeout_s=timeout_s, max_message_mb=max_message_mb)
-        self._input_names: list[str] | None = None
+        self._metadata: ModelMetadata | None = None
         self._lock = threading.Lock()
 
-    def input_names(self) -> list[str]:
+    def metadata(self) -> ModelMetadata:
+        """The next shard's metadata, fetched once (OipError while it cannot be reached)."""
         with self._lock:
-            if self._input_names is None:
-                meta = self.client.model_metadata(self.model_name)
-                self._input_names = meta.input_names
-            return self._input_names
+            if self._metadata is None:
+                self._metadata = self.client.model_metadata(self.model_name)
+            return self._metadata
+
+    def input_names(self) -> list[str]:
+        return self.metadata().input_names
 
     def ready(self) -> bool:
         try:
@@ -163,9 +171,23 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         )
         for spec in self.model.inputs.values():
             response.inputs.add(name=spec.name, datatype=spec.dtype, shape=list(spec.shape))
-        for spec in self.model.outputs.values():
-            response.outputs.add(name=spec.name, datatype=spec.dtype, shape=list(spec.shape))
+        for name, dtype, shape in self._returned_outputs(context):
+            response.outputs.add(name=name, datatype=dtype, shape=list(shape))
         return response
+
+    def _returned_outputs(self, context) -> list[tuple[str, str, tuple[int, ...]]]:
+        """What a ModelInfer of this model returns: its own outputs, or, forwarding, the
+        chain's final ones (the next hop's metadata says them, recursively)."""
+        if self.next_hop is None:
+            return [(s.name, s.dtype, tuple(s.shape)) for s in self.model.outputs.values()]
+        try:
+            meta = self.next_hop.metadata()
+        except OipError as exc:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"next hop {self.next_hop.address} cannot say what the chain returns: {exc}",
+            )
+        return [(t.name, t.datatype, t.shape) for t in meta.outputs]
 
     def ModelInfer(self, request, context):  # noqa: N802
         started = time.perf_counter()
@@ -178,6 +200,9 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
                 if self.next_hop is not None
                 else self.model.requested_outputs(request)
             )
+        except ModelNotFoundError as exc:
+            log.info("rejected request %r: %s", request.id, exc)
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except InvalidRequestError as exc:
             log.info("rejected request %r: %s", request.id, exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

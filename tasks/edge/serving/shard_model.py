@@ -33,6 +33,10 @@ class InvalidRequestError(ValueError):
     """A ModelInfer request this shard cannot run as sent (-> INVALID_ARGUMENT)."""
 
 
+class ModelNotFoundError(InvalidRequestError):
+    """A request for a model or version this shard does not serve (-> NOT_FOUND, as Triton)."""
+
+
 def _check_against_session(
     manifest: ShardManifest, what: str, specs: list[TensorSpec], args: Sequence[ort.NodeArg]
 ) -> None:
@@ -112,12 +116,12 @@ class ShardModel:
 
     def _check_model(self, request: pb.ModelInferRequest) -> None:
         if request.model_name != self.name:
-            raise InvalidRequestError(
+            raise ModelNotFoundError(
                 f"model {request.model_name!r} is not served here; this server serves {self.name!r}"
             )
         if request.model_version not in ("", self.version):
             have = repr(self.version) if self.version else "none (leave it empty)"
-            raise InvalidRequestError(
+            raise ModelNotFoundError(
                 f"model {self.name!r} has no version {request.model_version!r}; version: {have}"
             )
 

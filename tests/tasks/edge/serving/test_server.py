@@ -115,9 +115,11 @@ def _unknown_output() -> pb.ModelInferRequest:
     return request
 
 
-MALFORMED = {
+UNKNOWN = {
     "unknown model": (lambda: _with(model_name="resnet50"), "model 'resnet50' is not served"),
     "unknown version": (lambda: _with(model_version="3"), "has no version '3'"),
+}
+MALFORMED = {
     "wrong input name": (lambda: _with(name="input"), "has no input 'input'"),
     "wrong datatype": (lambda: _with(datatype="FP64"), "datatype 'FP64' but model"),
     "unknown datatype": (lambda: _with(datatype="FLOAT"), "datatype 'FLOAT' but model"),
@@ -144,6 +146,16 @@ def test_malformed_request_is_invalid_argument_and_server_keeps_serving(
         f"{expected!r} not in {err.value.details!r}"
     )
     # The same server still answers a good request.
+    assert client.infer("mlp-shard0", {"x": X})["h1"].shape == (2, 8)
+
+
+@pytest.mark.parametrize("case", sorted(UNKNOWN))
+def test_an_unknown_model_is_not_found_as_triton_answers(case: str, client: OipClient) -> None:
+    make, expected = UNKNOWN[case]
+    with pytest.raises(OipError) as err:
+        client.infer_request(make())
+    assert err.value.code is grpc.StatusCode.NOT_FOUND, err.value
+    assert expected in err.value.details
     assert client.infer("mlp-shard0", {"x": X})["h1"].shape == (2, 8)
 
 

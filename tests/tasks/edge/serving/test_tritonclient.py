@@ -63,6 +63,10 @@ def test_tritonclient_runs_the_chain_through_its_head(mlp, mlp_forwarding) -> No
     client = triton.InferenceServerClient(url=mlp_forwarding[0].address)
     try:
         assert client.is_model_ready("mlp-shard0")
+        meta = client.get_model_metadata("mlp-shard0")
+        assert [i.name for i in meta.inputs] == ["x"]
+        # The head describes what it returns: the chain's outputs, not its own h1.
+        assert {o.name for o in meta.outputs} == {"y", "probs"}
         tensor = triton.InferInput("x", list(X.shape), "FP32")
         tensor.set_data_from_numpy(X)
         wanted = [triton.InferRequestedOutput("probs")]
