@@ -53,6 +53,8 @@ class ShardRecord:
     pid: int
     shard_dir: str
     log_path: str
+    # The shard's HTTP probes and /metrics (serving/probes.py); "" in records from before.
+    http_address: str = ""
 
 
 @dataclass
@@ -217,6 +219,7 @@ def _launch_argv(
     argv = [sys.executable, "-m", SERVER_MODULE, "--shard-dir", str(shard_dir)]
     argv += ["--host", node.host, "--port", str(port)]
     argv += ["--intra-op-threads", str(node.intra_op_threads)]
+    argv += ["--http-port", "0"]  # probes and metrics on a free port; the READY line says it
     if forward_to:
         argv += ["--forward-to", forward_to, "--forward-model", str(forward_model)]
     else:
@@ -235,8 +238,9 @@ def _start_one(
     forward_to: str | None,
     forward_model: str | None,
     ready_timeout_s: float,
-) -> tuple[int, str]:
-    """Start one server in its own session; wait for its READY line. (pid, address)."""
+) -> tuple[int, str, str]:
+    """Start one server in its own session; wait for its READY line.
+    (pid, address, HTTP probe address)."""
     port = 0 if node.base_port == 0 else free_port(node.host, node.base_port)
     argv = _launch_argv(shard_dir, node, port, forward_to, forward_model)
     env = dict(os.environ)
@@ -263,7 +267,8 @@ def _start_one(
         for line in text.splitlines():
             if line.startswith(_READY_PREFIX):
                 fields = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
-                return process.pid, fields["address"]
+                http = fields.get("http", "-")
+                return process.pid, fields["address"], "" if http == "-" else http
         code = process.poll()
         if code is not None:
             raise EdgeDeployError(
@@ -314,7 +319,7 @@ def launch(
                     _replace(manifest, next_hop=forward[0] if forward else None), shard_dir
                 )
             log_path = deployment.root / "logs" / f"shard-{index}.log"
-            pid, address = _start_one(
+            pid, address, http_address = _start_one(
                 shard_dir,
                 node,
                 log_path,
@@ -323,7 +328,14 @@ def launch(
                 ready_timeout_s,
             )
             record = ShardRecord(
-                index, manifest.model_name, node.name, address, pid, str(shard_dir), str(log_path)
+                index,
+                manifest.model_name,
+                node.name,
+                address,
+                pid,
+                str(shard_dir),
+                str(log_path),
+                http_address,
             )
             started.append(record)
             deployment.shards = sorted(started, key=lambda s: s.index)
@@ -411,6 +423,7 @@ def deployment_status(name: str) -> list[dict]:
                         "index": s.index,
                         "node": s.node,
                         "address": s.address,
+                        "http": s.http_address,
                         "pid": s.pid,
                         "alive": shard_alive(s),
                     }

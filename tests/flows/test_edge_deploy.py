@@ -6,8 +6,10 @@ leaves one running).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,6 +112,10 @@ def test_deploy_redeploy_and_roll_back(monkeypatch: pytest.MonkeyPatch) -> None:
         assert run.data.params["shards"] == "2"
         assert run.data.tags["gpuflow.edge.opset"] == "18"
         assert current_version("digits") == "v1" and _alive("digits", "v1") == [True, True]
+        # Every shard serves its HTTP probes and metrics where the deployment says.
+        for shard in Deployment.load("digits", "v1").shards:
+            with urllib.request.urlopen(f"http://{shard.http_address}/v2/health/ready") as r:
+                assert r.status == 200 and json.loads(r.read()) == {"ready": True}
 
         # A second version replaces the first only once it is checked; v1 is then stopped.
         second = edge_deploy(
