@@ -1,4 +1,5 @@
-"""Package a plan: one folder per shard with its ONNX file, manifest and a Dockerfile.
+"""Package a plan: one folder per shard with its ONNX file, manifest, a Dockerfile, and the
+same shard as a Triton model repository and a KServe InferenceService (runtimes.py).
 
 Each shard is cut out of the whole model with ``onnx.utils.extract_model`` between the
 boundary tensors of the plan, so shard i's output tensor is shard i+1's input tensor under
@@ -20,10 +21,13 @@ import onnx.utils
 from gpuflow.tasks.edge.cuts import GraphCuts
 from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
 from gpuflow.tasks.edge.partition import Plan
+from gpuflow.tasks.edge.runtimes import write_kserve_manifest, write_triton_repository
 
 SHARD_ONNX = "model.onnx"
 DOCKERFILE = "Dockerfile"
 SERVING_PORT = 8001
+PROBE_PORT = 8000  # HTTP: /v2/health/*, /metrics (serving/probes.py)
+SERVING_UID = 10001  # the image runs as this unprivileged user
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,20 @@ def _version(dist: str) -> str:
 
 
 def dockerfile_text(manifest: ShardManifest) -> str:
-    """A Dockerfile for a serving image of one shard (pinned to the versions used here)."""
+    """A Dockerfile for a serving image of one shard (pinned to the versions used here).
+
+    It runs as an unprivileged user; onnxruntime's threads follow the container's CPU quota
+    (the server's default, shard_model.cpu_quota_threads); Docker's HEALTHCHECK asks the
+    shard's own readiness endpoint."""
+    dists = ("onnxruntime", "grpcio", "grpcio-health-checking", "protobuf", "prometheus_client")
     pins = " ".join(
         f"{dist}=={ver}" if ver else dist
-        for dist, ver in (
-            (dist, _version(dist)) for dist in ("onnxruntime", "grpcio", "protobuf", "numpy")
-        )
+        for dist, ver in ((dist, _version(dist)) for dist in (*dists, "numpy"))
+    )
+    probe = (
+        "import sys, urllib.request; "
+        f"r = urllib.request.urlopen('http://127.0.0.1:{PROBE_PORT}/v2/health/ready', timeout=2); "
+        "sys.exit(r.status != 200)"
     )
     return f"""# syntax=docker/dockerfile:1.4
 # Serving image for shard {manifest.shard_index} of {manifest.num_shards} of \
@@ -60,17 +72,23 @@ def dockerfile_text(manifest: ShardManifest) -> str:
 # Build (the gpuflow source tree is a named build context, this folder the main one):
 #   docker build --build-context gpuflow=<gpuflow repo> -t {manifest.model_name} .
 FROM python:3.11-slim
-RUN pip install --no-cache-dir {pins}
+RUN pip install --no-cache-dir {pins} \
+ && useradd --system --uid {SERVING_UID} --no-create-home gpuflow
 WORKDIR /opt/gpuflow
-COPY --from=gpuflow tasks/__init__.py tasks/__init__.py
-COPY --from=gpuflow tasks/edge/__init__.py tasks/edge/manifest.py tasks/edge/
-COPY --from=gpuflow tasks/edge/serving tasks/edge/serving
+COPY --from=gpuflow gpuflow/__init__.py gpuflow/__init__.py
+COPY --from=gpuflow tasks/__init__.py gpuflow/tasks/__init__.py
+COPY --from=gpuflow tasks/edge/__init__.py tasks/edge/manifest.py gpuflow/tasks/edge/
+COPY --from=gpuflow tasks/edge/serving gpuflow/tasks/edge/serving
 COPY {manifest.onnx_file} manifest.json /shard/
-EXPOSE {SERVING_PORT}
+USER {SERVING_UID}
+# OIP gRPC (and grpc.health.v1) on {SERVING_PORT}; HTTP probes and /metrics on {PROBE_PORT}.
+EXPOSE {SERVING_PORT} {PROBE_PORT}
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+  CMD ["python", "-c", "{probe}"]
 # The server checks model.onnx against the manifest's sha256 before it serves.
 # Forwarding: add --forward-to NEXT_HOST:PORT --forward-model NEXT_MODEL (or set next_hop).
 ENTRYPOINT ["python", "-m", "gpuflow.tasks.edge.serving.server", "--shard-dir", "/shard", \
-"--host", "0.0.0.0", "--port", "{SERVING_PORT}"]
+"--host", "0.0.0.0", "--port", "{SERVING_PORT}", "--http-port", "{PROBE_PORT}"]
 """
 
 
@@ -85,7 +103,8 @@ def package_plan(
     version: str = "",
     segment_ms: list[float] | None = None,
 ) -> list[PackagedShard]:
-    """Write ``out_dir/shard-<i>/{model.onnx,manifest.json,Dockerfile}`` for every shard."""
+    """Write ``out_dir/shard-<i>/{model.onnx,manifest.json,Dockerfile,triton/,kserve.yaml}``
+    for every shard."""
     onnx_path = Path(onnx_path)
     out_dir = Path(out_dir)
     boundaries = cuts.boundaries
@@ -121,6 +140,8 @@ def package_plan(
         )
         save_manifest(manifest, shard_dir)
         (shard_dir / DOCKERFILE).write_text(dockerfile_text(manifest))
+        write_triton_repository(shard_dir, manifest)
+        write_kserve_manifest(shard_dir, manifest)
         packaged.append(PackagedShard(shard_dir, manifest))
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     return packaged

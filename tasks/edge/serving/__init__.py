@@ -5,7 +5,8 @@
 - ``process``: the same as a child process, with readiness and graceful stop.
 - ``client``: ``OipClient`` for any OIP server.
 - ``chain``: run a chain by a driver or by forwarding, and pipelined for throughput.
-- ``proto``: the protocol's .proto and its generated stubs (scripts/gen_oip_protos.sh).
+- ``proto``: the protocol's .proto, its descriptor and ``oip`` (the messages built from it).
+- ``probes``, ``metrics``: grpc.health.v1, HTTP health and Prometheus for each server.
 
 Names are imported lazily: ``python -m gpuflow.tasks.edge.serving.server`` must not find the server
 module already imported by its package (runpy warns and may run it twice).

@@ -3,6 +3,8 @@ a ModelInfer request must pass against its manifest before it runs."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +29,22 @@ _ORT_TO_KSERVE = {
     "tensor(float)": "FP32",
     "tensor(double)": "FP64",
 }
+
+
+def cpu_quota_threads(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (what
+    ``docker run --cpus`` and Kubernetes' CPU limits set), rounded up."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    try:
+        return max(1, min(cores, math.ceil(int(quota) / int(period))))
+    except (ValueError, ZeroDivisionError):
+        return cores
 
 
 class InvalidRequestError(ValueError):
@@ -72,7 +90,9 @@ class ShardModel:
         # verify_shard raises ShardIntegrityError before any byte of the model is parsed.
         self.manifest = verify_shard(self.shard_dir)
         options = ort.SessionOptions()
-        options.intra_op_num_threads = int(intra_op_threads)
+        # 0: as many as this process may really use, not every core of the host (a
+        # container limited to 2 CPUs on a 64-core node would otherwise spin 64 threads).
+        options.intra_op_num_threads = int(intra_op_threads) or cpu_quota_threads()
         options.log_severity_level = 3  # errors only: per-run warnings would flood the log
         available = ort.get_available_providers()
         chosen = [p for p in providers if p in available] or ["CPUExecutionProvider"]
