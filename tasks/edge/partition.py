@@ -252,3 +252,36 @@ def evaluate_split(
     ):
         raise PartitionError(f"cuts must be {len(nodes) - 1} increasing indices in 1..{m - 1}")
     return _Cost(costs, nodes, batch).shards(bounds, "given")
+
+
+class PlanRefusedError(PartitionError):
+    """A split predicted to serve slower than the whole model on one node."""
+
+
+def single_node(costs: ChainCosts, nodes: list[NodeCapacity]) -> tuple[str, float] | None:
+    """(the fastest node that holds the whole model, its ms per request); None if none can."""
+    weights = sum(costs.weight_bytes)
+    fits = [n for n in nodes if n.memory_mb is None or weights <= n.memory_mb * 1e6]
+    if not fits:
+        return None
+    best = max(fits, key=lambda n: n.speed)
+    return best.name, sum(costs.segment_ms) / best.speed
+
+
+def check_split_pays(plan: Plan, costs: ChainCosts, nodes: list[NodeCapacity]) -> None:
+    """Refuse a split whose slowest stage is no faster than one node running everything:
+    its throughput would be lower and every request slower (the hops add to latency)."""
+    if len(plan.shards) < 2:
+        return
+    alone = single_node(costs, nodes)
+    if alone is None:
+        return  # no node holds the model whole: splitting is the only way to serve it
+    name, alone_ms = alone
+    if plan.bottleneck_ms >= alone_ms:
+        hop_ms = max(s.transfer_ms for s in plan.shards)
+        raise PlanRefusedError(
+            f"the {len(plan.shards)}-shard plan's slowest stage takes {plan.bottleneck_ms:.1f} "
+            f"ms (hops up to {hop_ms:.1f} ms) but the whole model on node {name!r} alone takes "
+            f"{alone_ms:.1f} ms: the split would serve slower than that single node. Deploy "
+            f"it on {name!r} alone (shards=1), or give the nodes faster links (link_mb_s)"
+        )

@@ -13,6 +13,7 @@ from gpuflow.tasks.edge.partition import (
     ChainCosts,
     PartitionError,
     Plan,
+    check_split_pays,
     equal_op_split,
     optimal_split,
 )
@@ -59,7 +60,8 @@ def chain_costs(cuts: GraphCuts, segment_ms: list[float]) -> ChainCosts:
 def plan_shards(
     exported: ExportedModel, profile: NodeProfile, nodes: list[EdgeNode], k: int | None = None
 ) -> PlanResult:
-    """Cut the exported graph and split it over the first ``k`` nodes (default: all)."""
+    """Cut the exported graph and split it over the first ``k`` nodes (default: all).
+    PlanRefusedError when the split is predicted slower than one node serving it whole."""
     k = len(nodes) if k is None else k
     if not isinstance(k, int) or k < 1:
         raise PartitionError(f"k must be a positive int, got {k!r}")
@@ -76,6 +78,8 @@ def plan_shards(
     capacities = [node_capacity(n) for n in nodes[:k]]
     sizes = [len(s) for s in cuts.segments]
     dp = optimal_split(costs, capacities, batch=profile.batch)
+    # Against every node given, not only those a shard landed on: one may beat them all.
+    check_split_pays(dp, costs, [node_capacity(n) for n in nodes])
     equal = equal_op_split(costs, capacities, sizes, batch=profile.batch)
     return PlanResult(cuts, segment_ms, dp, equal, profile.batch)
 

@@ -158,6 +158,18 @@ def test_failed_first_deploy_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     assert current_version("bad") is None
 
 
+def test_a_split_slower_than_one_node_is_refused_with_the_reason() -> None:
+    """Four nodes on slow links (0.05 MB/s: each hop of an activation costs more than the
+    whole model on one node): the flow refuses the 4-shard plan before starting a shard."""
+    from gpuflow.tasks.edge.partition import PlanRefusedError
+
+    slow = EdgeFleet.loopback(4, link_mb_s=0.05)
+    with pytest.raises(PlanRefusedError, match="slower than that single node") as err:
+        edge_deploy(model="resnet18-digits", fleet=slow, name="slow", **FAST)
+    assert "on 'edge-0' alone (shards=1)" in str(err.value)
+    assert current_version("slow") is None and _servers("slow") == []
+
+
 def test_bad_input_is_refused_before_anything_is_written(gpuflow_home: Path) -> None:
     with pytest.raises(ValueError, match="3 shards need 3 edge nodes"):
         edge_deploy(model="resnet18-digits", fleet=EdgeFleet.loopback(2), shards=3)

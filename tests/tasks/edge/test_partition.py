@@ -105,3 +105,21 @@ def test_bad_input_is_named() -> None:
             ChainCosts([1.0, 1.0], [0, 0, 0], [10**9, 10**9]),
             [NodeCapacity("a", memory_mb=1), NodeCapacity("b", memory_mb=1)],
         )
+
+
+def test_a_split_that_does_not_pay_is_refused() -> None:
+    from gpuflow.tasks.edge.partition import PlanRefusedError, check_split_pays, single_node
+
+    costs = ChainCosts([4.0, 4.0, 4.0, 4.0], [1_000_000] * 5, [10**6] * 4)
+    fast_links = [NodeCapacity(f"n{i}", link_mb_s=1000.0) for i in range(4)]
+    check_split_pays(optimal_split(costs, fast_links), costs, fast_links)  # 4.0 + 1 ms < 16
+    slow_links = [NodeCapacity(f"n{i}", link_mb_s=0.1) for i in range(4)]
+    plan = optimal_split(costs, slow_links)
+    assert plan.bottleneck_ms > 16.0  # 10 s a hop
+    with pytest.raises(PlanRefusedError, match="on node 'n0' alone takes 16.0 ms"):
+        check_split_pays(plan, costs, slow_links)
+    # A faster node that is not in the split still counts.
+    assert single_node(costs, [*fast_links, NodeCapacity("big", speed=4.0)]) == ("big", 4.0)
+    # No node holds the whole model (4 MB of weights, 2 MB each): splitting is the only way.
+    small = [NodeCapacity(f"n{i}", link_mb_s=0.1, memory_mb=2.0) for i in range(4)]
+    check_split_pays(optimal_split(costs, small), costs, small)
