@@ -250,6 +250,21 @@ def status_cmd(
     console.print(table)
 
 
+@app.command("supervise")
+@_clean_errors
+def supervise_cmd(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    passes: Annotated[int, typer.Option(min=1, help="Passes to run.")] = 1,
+    interval_s: Annotated[float, typer.Option(min=1.0, help="Seconds between passes.")] = 10.0,
+) -> None:
+    """Restart dead shards of the current version where they were (the edge_supervise flow)."""
+    from gpuflow.flows.edge_supervise import edge_supervise
+
+    for result in edge_supervise(name, passes=passes, interval_s=interval_s):
+        restarted = ", ".join(map(str, result["restarted"])) or "none"
+        console.print(f"{name} {result['version']}: {result['status']}; restarted: {restarted}")
+
+
 @app.command("teardown")
 @_clean_errors
 def teardown_cmd(

@@ -55,6 +55,8 @@ class ShardRecord:
     log_path: str
     # The shard's HTTP probes and /metrics (serving/probes.py); "" in records from before.
     http_address: str = ""
+    # The EdgeNode it was started with, so a supervisor restarts it the same way.
+    node_settings: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -231,17 +233,19 @@ def _launch_argv(
     return argv
 
 
-def _start_one(
+def start_one(
     shard_dir: Path,
     node: EdgeNode,
     log_path: Path,
     forward_to: str | None,
     forward_model: str | None,
     ready_timeout_s: float,
+    port: int | None = None,
 ) -> tuple[int, str, str]:
-    """Start one server in its own session; wait for its READY line.
-    (pid, address, HTTP probe address)."""
-    port = 0 if node.base_port == 0 else free_port(node.host, node.base_port)
+    """Start one server in its own session; wait for its READY line (``port``: exactly
+    there, as a restart must; default: the node's). (pid, address, HTTP probe address)."""
+    if port is None:
+        port = 0 if node.base_port == 0 else free_port(node.host, node.base_port)
     argv = _launch_argv(shard_dir, node, port, forward_to, forward_model)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
@@ -319,7 +323,7 @@ def launch(
                     _replace(manifest, next_hop=forward[0] if forward else None), shard_dir
                 )
             log_path = deployment.root / "logs" / f"shard-{index}.log"
-            pid, address, http_address = _start_one(
+            pid, address, http_address = start_one(
                 shard_dir,
                 node,
                 log_path,
@@ -336,6 +340,7 @@ def launch(
                 str(shard_dir),
                 str(log_path),
                 http_address,
+                node.model_dump(),
             )
             started.append(record)
             deployment.shards = sorted(started, key=lambda s: s.index)
@@ -394,7 +399,7 @@ def teardown(name: str, version: str | None = None) -> list[tuple[str, int]]:
     for v in versions:
         deployment = Deployment.load(name, v)
         running = any(shard_alive(s) for s in deployment.shards)
-        if running or deployment.status in ("active", "starting", "verifying"):
+        if running or deployment.status in ("active", "degraded", "starting", "verifying"):
             result.append((v, stop_deployment(deployment, "stopped")))
     if version is None or current_version(name) == version:
         set_current(name, None)
