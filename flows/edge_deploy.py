@@ -1,10 +1,13 @@
-"""Flow `edge-deploy`: export ─ profile ─ plan cuts ─ package ─ deploy ─ check ─ promote | roll back.
+"""Flow `edge-deploy`: export ─ profile ─ plan cuts ─ package ─ deploy ─ check ─ promote |
+roll back ─ (stable endpoint).
 
 A model is sliced into k shards by measured operator cost, each shard served over the Open
 Inference Protocol on one node of an EdgeFleet (local processes on loopback by default),
 and the chain's output is checked against the whole model's. Only a chain that passes
-becomes the current version (the previous version's processes are stopped then) and is
-measured; one that fails is stopped and the previous version keeps serving. The MLflow run
+becomes the current version (the previous one keeps running as the standby that
+`gpuflow edge rollback` returns to; an older standby is stopped) and is measured; one that
+fails is stopped and the previous version keeps serving. A forwarding chain is reached at
+one stable endpoint per name, whichever version serves (`endpoint` in the summary). The MLflow run
 (experiment "edge") carries the plan, the balance of the DP split and of the
 equal-operator-count split, the check, latency and throughput; a run whose flow fails is
 marked FAILED.
@@ -15,8 +18,9 @@ from __future__ import annotations
 from typing import Literal
 
 from gpuflow.blocks.edge_fleet import EdgeFleet, EdgeNode, load_fleet
-from gpuflow.tasks.edge.deploy import EdgeDeployError, check_name, launch_task
+from gpuflow.tasks.edge.deploy import launch_task
 from gpuflow.tasks.edge.export import export_task
+from gpuflow.tasks.edge.home import EdgeDeployError, check_name
 from gpuflow.tasks.edge.nodes import check_reachable
 from gpuflow.tasks.edge.package import package_task
 from gpuflow.tasks.edge.planning import plan_task
@@ -31,6 +35,7 @@ from gpuflow.tasks.edge.recording import (
 )
 from gpuflow.tasks.edge.report import deploy_summary, progress_steps, publish_plan
 from gpuflow.tasks.edge.rollout import failed_build, promote_task, roll_back_task, start_version
+from gpuflow.tasks.edge.stable_endpoint import ensure_endpoint_task
 from gpuflow.tasks.edge.verify import DEFAULT_ATOL, check_task, local_latency_ms, measure_task
 from gpuflow.tasks.training.models.registry import model_spec
 from prefect import flow, get_run_logger
@@ -143,6 +148,8 @@ def edge_deploy(
             note = roll_back_task(deployment, previous, check)
             raise EdgeDeployError(f"{name} {version}: {note}")
         promote_task(deployment, previous, check)
+        # One address for every version of the name (a forwarding chain's head behind it).
+        endpoint = ensure_endpoint_task(name, nodes[0].host) if mode == "forward" else None
 
         metrics = measure_task(deployment, exported, requests=measure_requests)
         metrics["whole_model_local_ms"] = local_latency_ms(
@@ -150,4 +157,6 @@ def edge_deploy(
         )
         step("measure")
         finish_edge_run_task(run_id, metrics)
-    return deploy_summary(deployment, previous, run_id, result, check, metrics)
+    return deploy_summary(deployment, previous, run_id, result, check, metrics) | {
+        "endpoint": endpoint
+    }

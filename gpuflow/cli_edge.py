@@ -265,6 +265,20 @@ def supervise_cmd(
         console.print(f"{name} {result['version']}: {result['status']}; restarted: {restarted}")
 
 
+@app.command("rollback")
+@_clean_errors
+def rollback_cmd(name: Annotated[str, typer.Argument(help="Deployment name.")]) -> None:
+    """Serve the standby version (the one promoted before the current) again, at the same
+    endpoint; the current version is stopped."""
+    from gpuflow.tasks.edge.rollout import rollback
+    from gpuflow.tasks.edge.stable_endpoint import endpoint_record
+
+    back = rollback(name)
+    record = endpoint_record(name)
+    where = f" at {record['address']}" if record else ""
+    console.print(f"{name}: {back.version} serves again{where}")
+
+
 @app.command("teardown")
 @_clean_errors
 def teardown_cmd(

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Literal
 
 from gpuflow.blocks.edge_fleet import EdgeNode
-from gpuflow.hardware.home import gpuflow_home
+from gpuflow.tasks.edge.home import (
+    REPO_ROOT,
+    EdgeDeployError,
+    edge_root,
+    name_dir,
+    target_file,
+    version_dir,
+)
 from gpuflow.tasks.edge.manifest import load_manifest, save_manifest, verify_shard
 from gpuflow.tasks.edge.nodes import check_reachable, free_port
 
@@ -34,12 +41,6 @@ DEPLOYMENT_FILE = "deployment.json"
 CURRENT_FILE = "current"
 SERVER_MODULE = "gpuflow.tasks.edge.serving.server"
 _READY_PREFIX = "READY "
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class EdgeDeployError(RuntimeError):
-    """A deployment could not be started, checked or found."""
 
 
 @dataclass
@@ -103,24 +104,6 @@ class Deployment:
         return cls(**data)
 
 
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise EdgeDeployError(f"deployment name must match [A-Za-z0-9_.-]+, got {name!r}")
-    return name
-
-
-def edge_root() -> Path:
-    return gpuflow_home() / "edge"
-
-
-def name_dir(name: str) -> Path:
-    return edge_root() / check_name(name)
-
-
-def version_dir(name: str, version: str) -> Path:
-    return name_dir(name) / version
-
-
 def list_versions(name: str) -> list[str]:
     root = name_dir(name)
     if not root.is_dir():
@@ -143,13 +126,27 @@ def current_version(name: str) -> str | None:
     return path.read_text().strip() or None if path.is_file() else None
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def set_current(name: str, version: str | None) -> None:
+    """Make ``version`` the one that serves ``name``, and point the stable endpoint at its
+    head (a forwarding chain's first shard; a driver-mode chain has no single entry)."""
     path = name_dir(name) / CURRENT_FILE
+    head = ""
+    if version is not None:
+        deployment = Deployment.load(name, version)
+        if deployment.mode == "forward" and deployment.shards:
+            head = deployment.shards[0].address
+    _write_atomically(target_file(name), head + "\n" if head else "")
     if version is None:
         path.unlink(missing_ok=True)
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(version + "\n")
+        _write_atomically(path, version + "\n")
 
 
 def deployment_names() -> list[str]:
@@ -248,7 +245,7 @@ def start_one(
         port = 0 if node.base_port == 0 else free_port(node.host, node.base_port)
     argv = _launch_argv(shard_dir, node, port, forward_to, forward_model)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -399,10 +396,20 @@ def teardown(name: str, version: str | None = None) -> list[tuple[str, int]]:
     for v in versions:
         deployment = Deployment.load(name, v)
         running = any(shard_alive(s) for s in deployment.shards)
-        if running or deployment.status in ("active", "degraded", "starting", "verifying"):
+        if running or deployment.status in (
+            "active",
+            "degraded",
+            "standby",
+            "starting",
+            "verifying",
+        ):
             result.append((v, stop_deployment(deployment, "stopped")))
     if version is None or current_version(name) == version:
         set_current(name, None)
+    if version is None:  # the whole name goes: its stable endpoint too
+        from gpuflow.tasks.edge.stable_endpoint import stop_endpoint
+
+        stop_endpoint(name)
     return result
 
 

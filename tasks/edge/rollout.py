@@ -1,6 +1,7 @@
 """A new version of a deployment beside the current one, and its outcome: promoted (the
-previous version stopped) or rolled back (its own processes stopped, the previous version
-keeps serving).
+previous version kept running as the standby: blue/green) or rolled back (its own processes
+stopped, the previous version keeps serving); and, after a promotion, ``rollback``: the
+standby serves again, at the same stable endpoint, and the promoted version is stopped.
 
 Plain functions first (tests call them without Prefect), task wrappers at the bottom.
 """
@@ -16,10 +17,14 @@ from gpuflow.tasks.edge.deploy import (
     EdgeDeployError,
     Mode,
     current_version,
+    list_versions,
     new_version,
     set_current,
+    shard_alive,
     stop_deployment,
+    wait_ready,
 )
+from gpuflow.tasks.edge.supervise import deployment_lock
 from gpuflow.tasks.edge.verify import CheckResult
 
 log = logging.getLogger(__name__)
@@ -65,17 +70,59 @@ def roll_back(deployment: Deployment, previous: str | None, check: CheckResult) 
 def promote(
     deployment: Deployment, previous: str | None, check: CheckResult, logger: Logger = log
 ) -> None:
-    """Make a checked version current and active, then stop ``previous`` (a previous version
-    that cannot be stopped is logged: the new one serves either way)."""
+    """Make a checked version current and active. ``previous`` keeps running as the standby
+    that ``rollback`` returns to; an older standby is stopped (superseded). A previous
+    version that cannot be kept is logged: the new one serves either way."""
+    name = deployment.name
     deployment.check = check.to_dict()
-    set_current(deployment.name, deployment.version)
     deployment.status = "active"
     deployment.save()
-    if previous and previous != deployment.version:
+    set_current(name, deployment.version)
+    for version in list_versions(name):
+        if version == deployment.version:
+            continue
         try:
-            stop_deployment(Deployment.load(deployment.name, previous), "superseded")
-        except EdgeDeployError as exc:
-            logger.warning("could not stop previous version %s: %s", previous, exc)
+            other = Deployment.load(name, version)
+        except EdgeDeployError:  # a version folder whose record never got written
+            continue
+        if version == previous:
+            other.status, other.note = "standby", f"kept for a rollback of {deployment.version}"
+            other.save()
+        elif other.status in ("standby", "active", "degraded"):
+            stop_deployment(other, "superseded")
+    if previous and previous not in list_versions(name):
+        logger.warning("could not keep previous version %s as standby: it does not exist", previous)
+
+
+def rollback(name: str, ready_timeout_s: float = 30.0) -> Deployment:
+    """After a promotion: the standby version serves again (at the same stable endpoint)
+    and the current one is stopped as rolled-back. Returns the version now serving."""
+    with deployment_lock(name):
+        current = current_version(name)
+        if current is None:
+            raise EdgeDeployError(f"no current version of edge deployment {name!r}")
+        standby = [
+            v for v in reversed(list_versions(name)) if Deployment.load(name, v).status == "standby"
+        ]
+        if not standby:
+            raise EdgeDeployError(
+                f"{name}: no standby version to roll back to (the version promoted before "
+                f"{current} is kept running for this until the next promotion)"
+            )
+        back = Deployment.load(name, standby[0])
+        if not all(shard_alive(s) for s in back.shards):
+            raise EdgeDeployError(
+                f"{name}: standby {back.version}'s processes are gone; nothing rolled back"
+            )
+        wait_ready(back, timeout_s=ready_timeout_s)
+        back.status, back.note = "active", f"serving again: {current} rolled back on request"
+        back.save()
+        set_current(name, back.version)  # the endpoint follows from its next call
+        now = Deployment.load(name, current)
+        stop_deployment(now, "rolled-back")
+        now.note = f"rolled back to {back.version} on request"
+        now.save()
+        return back
 
 
 # --- Prefect tasks ---------------------------------------------------------------------------
@@ -83,6 +130,9 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NONE  # noqa: E402
 
 roll_back_task = task(roll_back, name="edge-roll-back", cache_policy=NONE)
+
+
+rollback_task = task(rollback, name="edge-rollback", cache_policy=NONE)
 
 
 @task(name="edge-promote", cache_policy=NONE)

@@ -5,7 +5,8 @@ whose process is gone is started again with the same shard folder, node settings
 (port) and next hop, tail first, so that a forwarding shard's next hop is back before it
 is. While any shard is down the deployment's status is ``degraded`` (``gpuflow edge
 status`` shows it); once every shard answers ModelReady again it is ``active``. The
-crashed process's log is kept beside the new one (``shard-<i>.log.1``).
+crashed process's log is kept beside the new one (``shard-<i>.log.1``). A stable endpoint
+that died is started again at its address too.
 
 Passes of two processes on one deployment are serialised by a lock file in the
 deployment's folder (flock): a second supervisor waits, then finds the shard alive and
@@ -33,6 +34,7 @@ from gpuflow.tasks.edge.deploy import (
     start_one,
     wait_ready,
 )
+from gpuflow.tasks.edge.stable_endpoint import endpoint_alive, endpoint_record, ensure_endpoint
 
 SUPERVISED = ("active", "degraded")
 _LOCK_FILE = ".supervise.lock"
@@ -104,6 +106,9 @@ def supervise_once(
                 deployment.save()  # the new pid on disk at once, as launch does
                 out["restarted"].append(record.index)
         wait_ready(deployment, timeout_s=ready_timeout_s)
+        if endpoint_record(name) is not None and not endpoint_alive(name):
+            ensure_endpoint(name)  # at the address it had
+            out["endpoint_restarted"] = True
         if deployment.status != "active":
             deployment.status, deployment.note = "active", ""
             deployment.save()

@@ -32,6 +32,8 @@ from gpuflow.tasks.edge.export import ExportedModel
 from gpuflow.tasks.edge.manifest import file_sha256, load_manifest, save_manifest
 from gpuflow.tasks.edge.nodes import NodeUnreachableError
 from gpuflow.tasks.edge.package import package_plan
+from gpuflow.tasks.edge.rollout import rollback
+from gpuflow.tasks.edge.stable_endpoint import endpoint_alive, endpoint_record
 from gpuflow.tasks.edge.verify import chain_infer, reference_outputs
 from gpuflow.tasks.tracking import tracking_uri
 from prefect import task
@@ -117,14 +119,22 @@ def test_deploy_redeploy_and_roll_back(monkeypatch: pytest.MonkeyPatch) -> None:
             with urllib.request.urlopen(f"http://{shard.http_address}/v2/health/ready") as r:
                 assert r.status == 200 and json.loads(r.read()) == {"ready": True}
 
-        # A second version replaces the first only once it is checked; v1 is then stopped.
+        endpoint = first["endpoint"]
+        v1 = Deployment.load("digits", "v1")
+        exported = ExportedModel.load(v1.root / "model")
+        x7 = exported.sample_inputs(seed=7)
+        want = reference_outputs(exported, [x7])[0]
+        assert np.max(np.abs(_via(endpoint, v1, x7) - want)) <= 1e-4
+
+        # A second version replaces the first only once it is checked; v1 stays up as the
+        # standby a rollback returns to.
         second = edge_deploy(
             model="resnet18-digits", fleet=fleet, name="digits", mode="driver", **FAST
         )
         assert second["version"] == "v2" and second["previous"] == "v1"
         assert current_version("digits") == "v2"
-        assert _alive("digits", "v1") == [False, False]
-        assert Deployment.load("digits", "v1").status == "superseded"
+        assert _alive("digits", "v1") == [True, True]
+        assert Deployment.load("digits", "v1").status == "standby"
 
         # A faulty third build fails the check: its processes go, v2 keeps serving.
         monkeypatch.setattr(
@@ -143,9 +153,25 @@ def test_deploy_redeploy_and_roll_back(monkeypatch: pytest.MonkeyPatch) -> None:
         exported = ExportedModel.load(v2.root / "model")
         x = exported.sample_inputs(seed=99)
         assert np.max(np.abs(chain_infer(v2, x) - reference_outputs(exported, [x])[0])) <= 1e-4
+
+        # Rolled back on request after its promotion: v1 serves again at the same endpoint.
+        assert rollback("digits").version == "v1" and current_version("digits") == "v1"
+        assert _alive("digits", "v2") == [False, False]
+        assert Deployment.load("digits", "v2").status == "rolled-back"
+        assert endpoint_record("digits")["address"] == endpoint
+        assert np.max(np.abs(_via(endpoint, v1, x7) - want)) <= 1e-4
     finally:
         teardown("digits")
-    assert _alive("digits", "v2") == [False, False]
+    assert _alive("digits", "v1") == [False, False] and not endpoint_alive("digits")
+
+
+def _via(endpoint: str, deployment: Deployment, x: dict) -> np.ndarray:
+    """The chain's output for ``x`` through the stable endpoint (the head's model name)."""
+    from gpuflow.tasks.edge.serving.client import OipClient
+
+    with OipClient(endpoint) as client:
+        (out,) = client.infer(deployment.shards[0].model_name, x).values()
+    return out
 
 
 def test_failed_first_deploy_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

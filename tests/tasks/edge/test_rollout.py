@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from gpuflow.tasks.edge.deploy import Deployment, current_version, set_current
-from gpuflow.tasks.edge.rollout import failed_build, promote, roll_back, start_version
+from gpuflow.tasks.edge.deploy import Deployment, EdgeDeployError, current_version, set_current
+from gpuflow.tasks.edge.rollout import failed_build, promote, roll_back, rollback, start_version
 from gpuflow.tasks.edge.verify import CheckResult
 
 FAILED_CHECK = CheckResult(passed=False, max_abs_diff=0.5, atol=1e-4, samples=2)
@@ -51,7 +51,7 @@ def test_roll_back_without_a_previous_version_fails_it() -> None:
     assert Deployment.load("digits", deployment.version).status == "failed"
 
 
-def test_promote_supersedes_the_previous_version() -> None:
+def test_promote_keeps_the_previous_version_as_standby_and_supersedes_older() -> None:
     _, first = start_version("digits", "resnet18-digits", "forward")
     promote(first, None, PASSED_CHECK)
     previous, second = start_version("digits", "resnet18-digits", "forward")
@@ -60,12 +60,31 @@ def test_promote_supersedes_the_previous_version() -> None:
     assert current_version("digits") == "v2"
     saved = Deployment.load("digits", "v2")
     assert saved.status == "active" and saved.check == PASSED_CHECK.to_dict()
+    assert Deployment.load("digits", "v1").status == "standby"
+    previous, third = start_version("digits", "resnet18-digits", "forward")
+    promote(third, previous, PASSED_CHECK)
+    assert Deployment.load("digits", "v2").status == "standby"
     assert Deployment.load("digits", "v1").status == "superseded"
 
 
-def test_promote_logs_a_previous_version_it_cannot_stop(caplog: pytest.LogCaptureFixture) -> None:
+def test_rollback_returns_to_the_standby() -> None:
+    _, first = start_version("digits", "resnet18-digits", "forward")
+    with pytest.raises(EdgeDeployError, match="no current version"):
+        rollback("digits")
+    promote(first, None, PASSED_CHECK)
+    with pytest.raises(EdgeDeployError, match="no standby version to roll back to"):
+        rollback("digits")
+    previous, second = start_version("digits", "resnet18-digits", "forward")
+    promote(second, previous, PASSED_CHECK)
+    back = rollback("digits")
+    assert back.version == "v1" and current_version("digits") == "v1"
+    assert Deployment.load("digits", "v1").status == "active"
+    assert Deployment.load("digits", "v2").status == "rolled-back"
+
+
+def test_promote_logs_a_previous_version_it_cannot_keep(caplog: pytest.LogCaptureFixture) -> None:
     _, deployment = start_version("digits", "resnet18-digits", "forward")
     with caplog.at_level(logging.WARNING):
         promote(deployment, "v9", PASSED_CHECK, logging.getLogger("test"))
     assert current_version("digits") == "v1"
-    assert "could not stop previous version v9" in caplog.text
+    assert "could not keep previous version v9 as standby" in caplog.text
