@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,10 +25,11 @@ from typing import Literal
 
 from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.home import (
-    REPO_ROOT,
     EdgeDeployError,
     edge_root,
     name_dir,
+    process_running,
+    spawn_detached,
     target_file,
     version_dir,
 )
@@ -159,16 +159,7 @@ def deployment_names() -> list[str]:
 
 def _is_our_server(pid: int, shard_dir: str) -> bool:
     """True when ``pid`` is alive and is the shard server of ``shard_dir`` (pids get reused)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    if state == "Z":
-        _reap(pid)
-        return False
-    args = [a.decode(errors="replace") for a in cmdline]
-    return SERVER_MODULE in args and shard_dir in args
+    return process_running(pid, SERVER_MODULE, shard_dir)
 
 
 def _reap(pid: int) -> None:
@@ -244,19 +235,7 @@ def start_one(
     if port is None:
         port = 0 if node.base_port == 0 else free_port(node.host, node.base_port)
     argv = _launch_argv(shard_dir, node, port, forward_to, forward_model)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(  # noqa: S603 (argv list built here, no shell)
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # outlives the command that deployed it, no stray SIGINT
-        )
+    process = spawn_detached(argv, log_path)
     if node.cpus and not shutil.which("taskset"):
         try:
             os.sched_setaffinity(process.pid, node.cpus)

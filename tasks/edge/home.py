@@ -7,7 +7,10 @@ GPUFLOW_HOME/edge/<name>/<version>/ deployment.json, model/, shards/, logs/
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuflow.hardware.home import gpuflow_home
@@ -41,3 +44,40 @@ def version_dir(name: str, version: str) -> Path:
 
 def target_file(name: str) -> Path:
     return name_dir(name) / TARGET_FILE
+
+
+def process_running(pid: int, *markers: str) -> bool:
+    """True when ``pid`` is alive and its argv holds every one of ``markers`` (pids get
+    reused: a marker names what it must be). A zombie child is reaped, and is not alive."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    if state == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return False
+    args = [a.decode(errors="replace") for a in cmdline]
+    return all(marker in args for marker in markers)
+
+
+def spawn_detached(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """Start ``argv`` (a list, no shell) in a session of its own, so it outlives the command
+    that started it and gets no stray SIGINT; stdout and stderr to ``log_path``; the tasks
+    package on its path even where gpuflow is not installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(  # noqa: S603 (argv list built by the caller, no shell)
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )

@@ -12,12 +12,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gpuflow.tasks.edge.home import REPO_ROOT, EdgeDeployError, name_dir, target_file
+from gpuflow.tasks.edge.home import (
+    EdgeDeployError,
+    name_dir,
+    process_running,
+    spawn_detached,
+    target_file,
+)
 
 ENDPOINT_MODULE = "gpuflow.tasks.edge.serving.endpoint"
 ENDPOINT_FILE = "endpoint.json"
@@ -34,19 +39,7 @@ def endpoint_record(name: str) -> dict | None:
 
 
 def _alive(pid: int, name: str) -> bool:
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    if state == "Z":
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        return False
-    decoded = [a.decode(errors="replace") for a in args]
-    return ENDPOINT_MODULE in decoded and str(target_file(name)) in decoded
+    return process_running(pid, ENDPOINT_MODULE, str(target_file(name)))
 
 
 def endpoint_alive(name: str) -> bool:
@@ -62,21 +55,9 @@ def ensure_endpoint(name: str, host: str = "127.0.0.1", timeout_s: float = 30.0)
     port = int(record["address"].rsplit(":", 1)[1]) if record else 0
     host = record.get("host", host) if record else host
     log_path = name_dir(name) / "logs" / "endpoint.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", ENDPOINT_MODULE, "--target-file", str(target_file(name))]
     argv += ["--host", host, "--port", str(port)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(  # noqa: S603 (argv list built here, no shell)
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    process = spawn_detached(argv, log_path)
     deadline = time.monotonic() + timeout_s
     while True:
         for line in log_path.read_text(errors="replace").splitlines():
