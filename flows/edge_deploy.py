@@ -18,12 +18,12 @@ from __future__ import annotations
 from typing import Literal
 
 from gpuflow.blocks.edge_fleet import EdgeFleet, EdgeNode, load_fleet
-from gpuflow.tasks.edge.deploy import launch_task
+from gpuflow.tasks.edge.deploy import Deployment, launch_task
 from gpuflow.tasks.edge.export import export_task
 from gpuflow.tasks.edge.home import EdgeDeployError, check_name
 from gpuflow.tasks.edge.nodes import check_reachable
 from gpuflow.tasks.edge.package import package_task
-from gpuflow.tasks.edge.planning import plan_task
+from gpuflow.tasks.edge.planning import plan_task, stored_profile
 from gpuflow.tasks.edge.profile import profile_task
 from gpuflow.tasks.edge.recording import (
     failed_run_on_error,
@@ -79,12 +79,15 @@ def edge_deploy(
     measure_requests: int = 30,
     ready_timeout_s: float = 60.0,
     experiment: str = EXPERIMENT,
+    reprofile: bool = False,
 ) -> dict:
     """Slice ``model`` over the fleet's first ``shards`` nodes and serve it as a chain.
 
     ``fleet`` (or the saved EdgeFleet block ``fleet_block``; default: four loopback nodes)
-    gives the nodes; ``name`` is the deployment's name (default: the model's). Returns the
-    deployment's summary; raises EdgeDeployError when the check fails (after rolling back).
+    gives the nodes; ``name`` is the deployment's name (default: the model's). A redeploy of
+    the same export reuses the current version's profile (the same cuts) unless
+    ``reprofile``. Returns the deployment's summary; raises EdgeDeployError when the check
+    fails (after rolling back).
     """
     logger = get_run_logger()
     fleet = fleet or load_fleet(fleet_block)
@@ -112,13 +115,22 @@ def edge_deploy(
             exported = export_task(model, root / "model", seed=seed, overrides=overrides)
             step("export")
             record_export_task(run_id, exported)
-            profile = profile_task(
-                exported.onnx_path,
-                exported.sample_inputs(batch=1),
-                runs=profile_runs,
-                warmup=profile_warmup,
-                intra_op_threads=nodes[0].intra_op_threads,
-            )
+            threads = nodes[0].intra_op_threads
+            before = Deployment.load(name, previous) if previous and not reprofile else None
+            profile = stored_profile(before, exported, threads)
+            reused_from = previous if profile is not None else None
+            if profile is None:
+                profile = profile_task(
+                    exported.onnx_path,
+                    exported.sample_inputs(batch=1),
+                    runs=profile_runs,
+                    warmup=profile_warmup,
+                    intra_op_threads=threads,
+                )
+            else:
+                logger.info(
+                    "the export is %s's: its profile is reused (reprofile=True measures)", previous
+                )
             profile.save(root / "model" / "profile.json")
             step("profile")
             result = plan_task(exported, profile, nodes, k)
@@ -158,5 +170,6 @@ def edge_deploy(
         step("measure")
         finish_edge_run_task(run_id, metrics)
     return deploy_summary(deployment, previous, run_id, result, check, metrics) | {
-        "endpoint": endpoint
+        "endpoint": endpoint,
+        "profile_reused_from": reused_from,
     }

@@ -178,6 +178,9 @@ def deploy_cmd(
     name: Annotated[str | None, typer.Option(help="Deployment name (default: model).")] = None,
     mode: Annotated[str, typer.Option(help="forward (servers pass it on) or driver.")] = "forward",
     atol: Annotated[float, typer.Option(help="Largest abs difference the check allows.")] = 1e-4,
+    reprofile: Annotated[
+        bool, typer.Option(help="Measure again even when the current version's export matches.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the edge-deploy flow: export, profile, cut, package, serve, check, record."""
@@ -191,6 +194,7 @@ def deploy_cmd(
         name=name,
         mode=mode,
         atol=atol,  # type: ignore[arg-type]
+        reprofile=reprofile,
     )
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
@@ -209,6 +213,14 @@ def deploy_cmd(
         f"({int(result['in_flight'])} in flight)"
     )
     console.print(f"  entry: {result['model_names'][0]} at {result['addresses'][0]}")
+    if result.get("endpoint"):
+        console.print(
+            f"  stable endpoint: {result['endpoint']} (every version of {result['name']})"
+        )
+    if result.get("profile_reused_from"):
+        console.print(
+            f"  profile reused from {result['profile_reused_from']} (--reprofile measures)"
+        )
 
 
 @app.command("status")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.cuts import CutError, GraphCuts, bytes_per_item, find_cuts
 from gpuflow.tasks.edge.export import ExportedModel
+from gpuflow.tasks.edge.manifest import file_sha256
 from gpuflow.tasks.edge.nodes import node_capacity
 from gpuflow.tasks.edge.partition import (
     ChainCosts,
@@ -82,6 +84,31 @@ def plan_shards(
     check_split_pays(dp, costs, [node_capacity(n) for n in nodes])
     equal = equal_op_split(costs, capacities, sizes, batch=profile.batch)
     return PlanResult(cuts, segment_ms, dp, equal, profile.batch)
+
+
+def stored_profile(
+    previous: Any, exported: ExportedModel, intra_op_threads: int
+) -> NodeProfile | None:
+    """The profile ``previous`` (a Deployment, or None) was planned from, when it can stand
+    for this export: the very same ONNX bytes (model, seed, overrides, opset) profiled with
+    the same onnxruntime threads. A redeploy then cuts exactly as before instead of
+    re-measuring (profiles vary run to run, and so would the cuts)."""
+    if previous is None:
+        return None
+    model_dir = previous.root / "model"
+    profile_path = model_dir / "profile.json"
+    if not profile_path.is_file():
+        return None
+    try:
+        before = ExportedModel.load(model_dir)
+        profile = NodeProfile.load(profile_path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an older or damaged record: measure again
+    if not before.onnx_path.is_file() or profile.intra_op_threads != intra_op_threads:
+        return None
+    if file_sha256(before.onnx_path) != file_sha256(exported.onnx_path):
+        return None
+    return profile
 
 
 # --- Prefect task ---------------------------------------------------------------------------

@@ -132,6 +132,9 @@ def test_deploy_redeploy_and_roll_back(monkeypatch: pytest.MonkeyPatch) -> None:
             model="resnet18-digits", fleet=fleet, name="digits", mode="driver", **FAST
         )
         assert second["version"] == "v2" and second["previous"] == "v1"
+        # The same export: v1's profile is reused, so the cuts are v1's.
+        assert second["profile_reused_from"] == "v1" and first["profile_reused_from"] is None
+        assert second["cut_tensors"] == first["cut_tensors"]
         assert current_version("digits") == "v2"
         assert _alive("digits", "v1") == [True, True]
         assert Deployment.load("digits", "v1").status == "standby"
