@@ -56,3 +56,17 @@ def backend_named(name: str | None) -> Backend:
     chosen, reason = resolve_backend_name(name)
     err_console.print(f"[dim]backend: {chosen} ({reason})[/dim]")
     return get_backend(chosen)
+
+
+def spec_from_options(spec_class: type, **fields: Any) -> Any:
+    """A job spec from CLI options (None: the spec's default); every validation error,
+    named by its field, as one clean refusal before anything runs."""
+    from pydantic import ValidationError
+
+    try:
+        return spec_class(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        msgs = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidRequestError(msgs) from None

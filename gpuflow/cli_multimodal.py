@@ -12,9 +12,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gpuflow.cli_base import clean_errors, console
+from gpuflow.cli_base import clean_errors, console, spec_from_options
 from gpuflow.cli_train import StepProgress, StorageOpt, run_flow, storage_from_options
-from gpuflow.hardware.backend import InvalidRequestError
 
 app = typer.Typer(
     help="Multi-modal (CLIP-style) training: vision and text towers as parallel branches.",
@@ -53,17 +52,9 @@ StorageBlock = Annotated[str | None, typer.Option(help="A saved CheckpointStorag
 
 
 def _spec(**fields: Any):
-    from pydantic import ValidationError
-
     from gpuflow.tasks.multimodal.spec import MultimodalSpec
 
-    try:
-        return MultimodalSpec(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        msgs = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
-        )
-        raise InvalidRequestError(msgs) from None
+    return spec_from_options(MultimodalSpec, **fields)
 
 
 def _number(value: float | None, digits: int) -> str:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gpuflow.cli_base import clean_errors, console
+from gpuflow.cli_base import clean_errors, console, spec_from_options
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.tables import comparison_table
 
@@ -55,17 +55,9 @@ def storage_from_options(
 
 
 def _train_spec(**fields: Any):
-    from pydantic import ValidationError
-
     from gpuflow.tasks.training.spec import TrainSpec
 
-    try:
-        return TrainSpec(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        msgs = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
-        )
-        raise InvalidRequestError(msgs) from None
+    return spec_from_options(TrainSpec, **fields)
 
 
 class StepProgress:

@@ -41,7 +41,20 @@ class Target:
         self._stamp: tuple[int, int] | None = None
         self._address = ""
         self._channel: grpc.Channel | None = None
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._lock = threading.Lock()
+
+    def call(self, method: str) -> tuple[str, grpc.UnaryUnaryMultiCallable | None]:
+        """(the target's address, a raw-bytes caller of ``method`` on it), made once per
+        channel and method: the hot path is a stat and a dict lookup."""
+        address, channel = self.channel()
+        if channel is None:
+            return address, None
+        with self._lock:
+            caller = self._calls.get(method)
+            if caller is None or self._channel is not channel:
+                caller = self._calls[method] = channel.unary_unary(method)
+            return address, caller
 
     def channel(self) -> tuple[str, grpc.Channel | None]:
         with self._lock:
@@ -56,6 +69,7 @@ class Target:
                 if address != self._address:
                     if self._channel is not None:
                         self._channel.close()
+                    self._calls = {}
                     self._address = address
                     self._channel = (
                         grpc.insecure_channel(address, options=channel_options(self.max_message_mb))
@@ -80,8 +94,8 @@ class _Forward(grpc.GenericRpcHandler):
         method = details.method
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
-            address, channel = self.target.channel()
-            if channel is None:
+            address, caller = self.target.call(method)
+            if caller is None:
                 context.abort(
                     grpc.StatusCode.UNAVAILABLE,
                     f"no version of this deployment is current ({self.target.path} is empty)",
@@ -89,7 +103,7 @@ class _Forward(grpc.GenericRpcHandler):
             remaining = context.time_remaining()
             timeout = self.timeout_s if remaining is None else min(remaining, self.timeout_s)
             try:
-                return channel.unary_unary(method)(request, timeout=timeout)
+                return caller(request, timeout=timeout)
             except grpc.RpcError as exc:
                 context.abort(exc.code(), exc.details() or f"from {address}")
 
