@@ -7,7 +7,7 @@ Format (see hardware/data/default_cluster.yaml)::
     faults:                      # optional; every key optional (hardware.sim.hazard defaults)
       natural: true              # draw natural failures from the hazard model
       rate_per_node_day: 0.0065
-      lemon_fraction: 0.05
+      lemon_fraction: 0.005       # any HazardModel field: repeat_factor, hbm_silent_share, ...
       lemon_factor: 20
     workload_defaults:           # optional: the character of a tenant that reports none
       memory_bound_ratio: 0.39   # share of its time that does not scale with the SM clock
@@ -26,7 +26,7 @@ every error names the file, the node and the field.
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +49,9 @@ _TOP_KEYS = {"name", "seed", "nodes", "faults", "workload_defaults"}
 _WORKLOAD_KEYS = {"memory_bound_ratio", "activity"}
 _NODE_KEYS = {"name", "region", "role", "devices", "ambient_c"}
 _GROUP_KEYS = {"sku", "count"}
-_FAULT_KEYS = {
-    "natural",
-    "rate_per_node_day",
-    "gpus_per_node",
-    "device_share",
-    "abrupt_share",
-    "lemon_fraction",
-    "lemon_factor",
-}
+# Every knob of the hazard model (hardware.sim.hazard.HazardModel: rates, class mix,
+# lemons, repeat factor, silent HBM share, error levels, stalls, heals) can be set here.
+_FAULT_KEYS = {"natural"} | {f.name for f in fields(HazardModel)}
 
 
 class ClusterSpecError(InvalidRequestError):

@@ -7,10 +7,13 @@ and when; the fleet module runs the clock.
 
 Classes with precursors:
 
-* ``hbm`` - HBM degradation over a lead time L: corrected ECC errors grow (quadratically,
-  up to HBM_CORRECTED_AT_FAILURE), a row remap / page retirement becomes pending at
-  0.6 L and again at 0.8 L (XID 63, repeat offender), and at L an uncorrectable error
-  (XID 48, 94, 95) or a remap failure (XID 64) fails the device.
+* ``hbm`` - HBM degradation over a lead time L: corrected ECC errors grow (quadratically in
+  its progress, up to the fault's ``errors_at_failure``, HBM_CORRECTED_AT_FAILURE when the
+  fault has none), a row remap / page retirement becomes pending at 0.6 and again at 0.8 of
+  its progress (XID 63, repeat offender), and at L an uncorrectable error (XID 48, 94, 95)
+  or a remap failure (XID 64) fails the device. A fault with a stall (``stall_at``,
+  ``stall_s``, hardware.sim.hazard) pauses at progress ``stall_at`` for ``stall_s`` (L
+  includes the pause): nothing grows meanwhile.
 * ``thermal`` - thermal-interface degradation: the thermal resistance rises
   (1 + (m_fail - 1) x^2, x = elapsed / L) until even idle power would pass the shutdown
   temperature at L; the physics then shows a temperature drift, throttling (SwThermal,
@@ -46,7 +49,7 @@ FAULT_KINDS: dict[str, str] = {
 }
 
 HBM_STAGES: tuple[tuple[float, str], ...] = ((0.6, "remap"), (0.8, "remap"), (1.0, "final"))
-HBM_CORRECTED_AT_FAILURE = 400  # estimate: corrected errors accumulated over the lead time
+HBM_CORRECTED_AT_FAILURE = 400  # estimate: errors at failure of a fault without its own level
 BACKGROUND_SBE_PER_DAY = 0.02  # estimate: sporadic corrected errors of a healthy device
 LEMON_SBE_PER_DAY = 5.0  # estimate: lemons carry most single-bit errors (Titan)
 THERMAL_FAIL_MARGIN_C = 5.0  # at L, idle steady temperature = shutdown + this
@@ -80,6 +83,17 @@ def sku_final_xid(s: SkuSpec, xid: int) -> int:
     return xid
 
 
+def hbm_shape_fields(draw: Any) -> dict[str, float]:
+    """The fault-dict fields of a hazard draw's HBM shape (empty for other classes)."""
+    if draw.kind != "hbm" or draw.lead_s <= 0:
+        return {}
+    return {
+        "errors_at_failure": draw.errors_at_failure,
+        "stall_at": draw.stall_at,
+        "stall_s": draw.stall_s,
+    }
+
+
 def new_fault(
     kind: str, source: str, onset_s: float, lead_s: float, final_xid: int
 ) -> dict[str, Any]:
@@ -104,17 +118,39 @@ def next_stage(fault: dict[str, Any]) -> tuple[float, str] | None:
     if fault["done"] >= len(stages):
         return None
     frac, name = stages[fault["done"]]
-    return fault["onset_s"] + frac * fault["lead_s"], name
+    return time_at_progress(fault, frac), name
+
+
+def _active_s(fault: dict[str, Any]) -> float:
+    """The lead time less the stall: how long the degradation actually progresses."""
+    return max(fault["lead_s"] - fault.get("stall_s", 0.0), 1.0)
+
+
+def time_at_progress(fault: dict[str, Any], p: float) -> float:
+    """When the fault reaches progress ``p`` (the stall, if any, delays what follows it)."""
+    active = _active_s(fault)
+    stall_at = fault.get("stall_at", 0.0)
+    pause = fault.get("stall_s", 0.0) if stall_at > 0 and p > stall_at else 0.0
+    return fault["onset_s"] + p * active + pause
 
 
 def _progress(fault: dict[str, Any], t: float) -> float:
-    return min(max((t - fault["onset_s"]) / fault["lead_s"], 0.0), 1.0)
+    elapsed = t - fault["onset_s"]
+    stall_at = fault.get("stall_at", 0.0)
+    active = _active_s(fault)
+    if stall_at > 0 and elapsed > stall_at * active:
+        elapsed = max(stall_at * active, elapsed - fault.get("stall_s", 0.0))
+    return min(max(elapsed / active, 0.0), 1.0)
+
+
+def hbm_errors_at_failure(fault: dict[str, Any]) -> float:
+    return float(fault.get("errors_at_failure", HBM_CORRECTED_AT_FAILURE))
 
 
 def hbm_corrected(fault: dict[str, Any] | None, t: float) -> int:
     if not fault or fault["kind"] != "hbm":
         return 0
-    return int(HBM_CORRECTED_AT_FAILURE * _progress(fault, t) ** 2)
+    return int(hbm_errors_at_failure(fault) * _progress(fault, t) ** 2)
 
 
 def thermal_fail_multiplier(s: SkuSpec, ambient_c: float) -> float:

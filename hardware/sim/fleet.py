@@ -119,6 +119,7 @@ def _draw_dict(draw: Any, epoch_s: float) -> dict[str, Any] | None:
         "kind": draw.kind,
         "lead_s": draw.lead_s,
         "final_xid": draw.final_xid,
+        "shape": F.hbm_shape_fields(draw),
     }
 
 
@@ -274,8 +275,9 @@ def _thermal_shutdown(state: dict[str, Any], dev: dict[str, Any], t: float) -> N
 def _activate_natural(state: dict[str, Any], dev: dict[str, Any], t: float) -> None:
     nxt = dev["natural_next"]
     if dev["health"] == "healthy":
-        if nxt["kind"] in ("hbm", "thermal"):
+        if nxt["kind"] in ("hbm", "thermal") and nxt["lead_s"] > 0:  # lead 0: a silent HBM
             start_fault(state, dev, t, nxt["kind"], "natural", nxt["lead_s"], nxt["final_xid"])
+            dev["fault"].update(nxt.get("shape") or {})
         else:
             fail_abrupt(state, dev, t, nxt["kind"], "natural", nxt["final_xid"])
     # A draw that lands while the device is already down or degrading is skipped.

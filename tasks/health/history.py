@@ -58,6 +58,7 @@ from gpuflow.tasks.health.history_config import (
 )
 from gpuflow.tasks.health.history_dataset import History, SplitData
 from gpuflow.tasks.health.history_fleet import Device, Fault, build_fleet
+from gpuflow.tasks.health.history_noise import draw_noise
 from gpuflow.tasks.health.history_physics import steady_state, thermal_start_s, workload
 from gpuflow.tasks.health.history_schedule import draw_faults
 from gpuflow.tasks.health.history_series import (
@@ -85,6 +86,7 @@ __all__ = [
     "build_fleet",
     "counters_vec",
     "draw_faults",
+    "draw_noise",
     "generate_history",
     "history_path",
     "load_or_generate",
@@ -106,6 +108,7 @@ def generate_history(
     say("drawing failure schedules", 0.02)
     for d in devices:
         draw_faults(cfg, d)
+        draw_noise(cfg, d)
     node_split = split_of_nodes(cfg)
     ranges = split_time_ranges(cfg)
     all_faults = [f for d in devices for f in d.faults]
@@ -122,6 +125,10 @@ def generate_history(
         "failures": len(all_faults),
         "failures_by_class": _count_by(f.kind for f in all_faults),
         "lemons": sum(d.lemon for d in devices),
+        "silent_hbm_failures": sum(f.kind == "hbm" and f.abrupt for f in all_faults),
+        "repeat_failures": sum(max(len(d.faults) - 1, 0) for d in devices),
+        "benign_remaps": sum(len(d.remaps) for d in devices),
+        "healed_degradations": sum(len(d.heals) for d in devices),
         # What each SKU's real backend cannot read (NaN features): recorded with the run,
         # so a model's figures say which fleets had which signals.
         "missing_features_by_sku": {

@@ -5,8 +5,11 @@ model's own draws) and the failures each one will have.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from gpuflow.hardware.sim.hazard import pick_lemons
+from gpuflow.hardware.sim import faults as F
+from gpuflow.hardware.sim.hazard import HealDraw, pick_lemons
+from gpuflow.hardware.sim.noise import BenignRemap
 from gpuflow.hardware.skus import sku as lookup_sku
 from gpuflow.tasks.health.history_config import (
     ABRUPT_LOOKBACK_S,
@@ -28,10 +31,20 @@ class Fault:
     final_xid: int
     repaired_s: float
     k: int
+    shape: dict[str, float] = field(default_factory=dict)  # HBM: errors_at_failure, stall
 
     @property
     def abrupt(self) -> bool:
-        return self.kind in ("xid79", "ecc-uncorrectable")
+        """No precursor: an abrupt class or a silent HBM failure (lead 0)."""
+        return self.kind in ("xid79", "ecc-uncorrectable") or self.lead_s <= 0
+
+    def fault_dict(self) -> dict[str, Any] | None:
+        """The twin's fault record (hardware.sim.faults) of a failure with a precursor."""
+        if self.abrupt:
+            return None
+        fault = F.new_fault(self.kind, "natural", self.onset_s, self.lead_s, self.final_xid)
+        fault.update(self.shape)
+        return fault
 
     def incident_start_s(self) -> float:
         if self.abrupt:
@@ -50,6 +63,12 @@ class Device:
     lemon: bool
     rate_per_day: float
     faults: list[Fault] = field(default_factory=list)
+    # Noise (tasks.health.history_noise.draw_noise): not failures, but look like precursors.
+    remaps: list[BenignRemap] = field(default_factory=list)
+    heals: list[HealDraw] = field(default_factory=list)
+    burst_t: list[float] = field(default_factory=list)
+    burst_n: list[int] = field(default_factory=list)
+    dropouts: list[tuple[float, float]] = field(default_factory=list)
 
     def repaired_before(self, t: float) -> float:
         """The last repair at or before ``t`` (0: the epoch): the counters' base."""

@@ -1,6 +1,7 @@
 """The failure/repair schedule of each device: the hazard model's draws (the very schedule
 a SimBackend with the same seed draws), a thermal failure's time from the physics, and a
-lognormal repair delay (median 12 h, an estimate) after each failure.
+repair delay after each failure drawn from the InfiniteHBD trace's repair-time deciles
+(HistoryConfig.repair_deciles_s: median 17 h, from 4 minutes to 92 days).
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ from gpuflow.tasks.health.history_physics import thermal_run, thermal_start_s, w
 
 
 def _repair_delay_s(cfg: HistoryConfig, seed: int, ordinal: int, k: int) -> float:
-    rng = history_rng(seed, "repair", ordinal, k)
-    return min(max(rng.lognormvariate(math.log(cfg.repair_median_s), 0.7), 1800.0), 7 * DAY_S)
+    """An inverse-CDF draw, log-linear between the deciles; at least one bucket, so a
+    repaired device's counters start from zero at a bucket of their own."""
+    d = cfg.repair_deciles_s
+    x = history_rng(seed, "repair", ordinal, k).random() * (len(d) - 1)
+    i = min(int(x), len(d) - 2)
+    lo, hi = math.log(d[i]), math.log(d[i + 1])
+    return max(math.exp(lo + (hi - lo) * (x - i)), BUCKET_S)
 
 
 def draw_faults(cfg: HistoryConfig, dev: Device) -> None:
@@ -36,7 +42,17 @@ def draw_faults(cfg: HistoryConfig, dev: Device) -> None:
             failure = thermal_failure_s(cfg, dev, d)
         repaired = failure + _repair_delay_s(cfg, cfg.seed, dev.ordinal, d.k)
         dev.faults.append(
-            Fault(dev.ordinal, d.kind, d.onset_s, failure, d.lead_s, final_xid, repaired, d.k)
+            Fault(
+                dev.ordinal,
+                d.kind,
+                d.onset_s,
+                failure,
+                d.lead_s,
+                final_xid,
+                repaired,
+                d.k,
+                shape=F.hbm_shape_fields(d),
+            )
         )
         available = repaired
 

@@ -1,8 +1,10 @@
 """Telemetry series of the fleet history: a segment's bucket features, drawn from the
-workload, the physics, the fault classes' counters and XIDs, and a little sensor noise
-(estimates: 0.3 C, 1 % power) so the models cannot lean on exact values. Features whose
-telemetry the SKU's real backend cannot read (hardware.telemetry_fields) are NaN, as the
-live windows of that SKU are: a model learns only from signals its fleet has.
+workload, the physics, the fault classes' counters and XIDs, the healthy-device noise
+(history_noise: benign remaps, error bursts, healed degradations, dropouts) and a little
+sensor noise (estimates: 0.3 C, 1 % power) so the models cannot lean on exact values.
+Features whose telemetry the SKU's real backend cannot read (hardware.telemetry_fields) are
+NaN, as the live windows of that SKU are: a model learns only from signals its fleet has;
+so are the optional features of a bucket a dropout touches.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from gpuflow.tasks.health.history_config import (
     HistoryConfig,
 )
 from gpuflow.tasks.health.history_fleet import Device, Fault
+from gpuflow.tasks.health.history_noise import (
+    DROPOUT_COLUMNS,
+    REMAP_PROGRESS,
+    dropout_buckets,
+    noise_counters,
+    noise_xids,
+    progress_vec,
+)
 from gpuflow.tasks.health.history_physics import (
     steady_state,
     thermal_run,
@@ -63,10 +73,7 @@ def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarra
     clock = table[u_idx, 2].copy()
     thr = table[u_idx, 3].copy()
     cap = table[u_idx, 4].copy()
-    f = seg.fault
-    fault = None
-    if f is not None and not f.abrupt:
-        fault = F.new_fault(f.kind, "natural", f.onset_s, f.lead_s, f.final_xid)
+    fault = seg.fault.fault_dict() if seg.fault is not None else None
     if fault is not None and fault["kind"] == "thermal":
         # Healthy (table) before the canonical start, integrated physics from there on.
         ts = thermal_start_s(fault["onset_s"])
@@ -100,9 +107,9 @@ def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarra
         axis=1,
     )
     t_start = t_end - BUCKET_S
-    counters_end, pending, failure = counters_vec(dev, fault, t_end)
-    counters_start, _, _ = counters_vec(dev, fault, t_start)
-    xids = _xids(cfg, seg, fault, n, rng)
+    counters_end, pending, failure = counters_vec(dev, fault, t_end, cfg)
+    counters_start, _, _ = counters_vec(dev, fault, t_start, cfg)
+    xids = _xids(cfg, dev, seg, fault, n, rng)
     out = bucket_matrix(
         temperature_c=temp,
         means=means,
@@ -113,6 +120,7 @@ def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarra
         xid_counts=xids,
     )
     out[:, unreadable_columns(s)] = np.nan
+    out[np.ix_(dropout_buckets(dev, seg.t0_s, n), DROPOUT_COLUMNS)] = np.nan
     return out
 
 
@@ -125,40 +133,49 @@ def unreadable_columns(s: SkuSpec) -> list[int]:
 def _remap_times(fault: dict[str, Any] | None) -> list[float]:
     if fault is None or fault["kind"] != "hbm":
         return []
-    return [fault["onset_s"] + f * fault["lead_s"] for f, name in F.HBM_STAGES if name == "remap"]
+    return [F.time_at_progress(fault, p) for p in REMAP_PROGRESS]
 
 
 def counters_vec(
-    dev: Device, fault: dict[str, Any] | None, t: np.ndarray
+    dev: Device,
+    fault: dict[str, Any] | None,
+    t: np.ndarray,
+    cfg: HistoryConfig | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(counters [n, 3] = corrected, uncorrected, remapped total; remap pending; remap
-    failure) at times ``t`` within one stretch between repairs: hardware.sim.faults'
-    counters_at and stages, vectorized (tests check they agree)."""
+    failure) at times ``t`` within one stretch between repairs: the failure's precursor
+    (hardware.sim.faults' hbm_corrected and stages, vectorized: tests check they agree)
+    plus, given ``cfg``, the device's noise since its last repair (history_noise)."""
     t = np.asarray(t, dtype=np.float64)
     base = dev.repaired_before(float(t.max())) if len(t) else 0.0
-    rate = F.LEMON_SBE_PER_DAY if dev.lemon else F.BACKGROUND_SBE_PER_DAY
-    phase = (dev.ordinal * 0.618034) % 1.0
-    corrected = np.floor(np.maximum(t - base, 0.0) / DAY_S * rate + phase)
+    corrected = np.zeros(len(t))
     remaps = np.zeros(len(t))
+    pending = np.zeros(len(t), dtype=bool)
     if fault is not None and fault["kind"] == "hbm":
-        progress = np.minimum(np.maximum((t - fault["onset_s"]) / fault["lead_s"], 0.0), 1.0)
-        corrected += np.floor(F.HBM_CORRECTED_AT_FAILURE * progress**2)
+        corrected += np.floor(F.hbm_errors_at_failure(fault) * progress_vec(fault, t) ** 2)
         for rt in _remap_times(fault):
             remaps += t >= rt
+        pending |= remaps > 0  # a precursor's remap stays pending up to the failure
+    if cfg is not None:
+        c, r, p = noise_counters(cfg, dev, t, base)
+        corrected, remaps, pending = corrected + c, remaps + r, pending | p
     counters = np.stack([corrected, np.zeros(len(t)), remaps], axis=1)
-    return counters, (remaps > 0).astype(np.float64), np.zeros(len(t))
+    return counters, pending.astype(np.float64), np.zeros(len(t))
 
 
 def _xids(
     cfg: HistoryConfig,
+    dev: Device,
     seg: Segment,
     fault: dict[str, Any] | None,
     n: int,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """XIDs per bucket by class (memory, bus, app, other): the remaps' XID 63, and
-    application XIDs as noise the models must learn to ignore."""
+    """XIDs per bucket by class (memory, bus, app, other): the remaps' XID 63 (the
+    precursor's and the noise's), and application XIDs as noise the models must learn to
+    ignore."""
     xids = np.zeros((n, 4))
+    xids[:, 0] += noise_xids(dev, seg.t0_s, n, dev.repaired_before(seg.t0_s + n * BUCKET_S))
     for rt in _remap_times(fault):
         k = int(math.ceil((rt - seg.t0_s) / BUCKET_S)) - 1
         if 0 <= k < n:

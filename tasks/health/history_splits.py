@@ -1,7 +1,11 @@
 """Splits of the fleet history (DESIGN.md section 6: by node and by time) and their
-segments: an incident segment per failure in the split's time range, background segments
-at random devices and times away from any incident, each background window weighted by
-how many population windows it stands for.
+segments: an incident segment per failure in the split's time range, and background
+segments from all the rest of the up-time, in two strata: whole stretches around
+precursor-like noise (benign remaps, healed degradations: history_noise.noise_intervals)
+drawn among all of them, and uniform segments at random devices and times elsewhere. Each
+background window is weighted by how many population windows of its stratum it stands for
+(the stratum's windows over the sampled ones), so the weights of a split's background sum
+to its background device-time.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from gpuflow.tasks.health.features import BUCKET_S, N_FEATURES
 from gpuflow.tasks.health.history_config import HistoryConfig, align_down, history_rng
 from gpuflow.tasks.health.history_dataset import SplitData
 from gpuflow.tasks.health.history_fleet import Device, Fault
+from gpuflow.tasks.health.history_noise import noise_intervals
 from gpuflow.tasks.health.history_series import Segment, simulate_segment
 
 
@@ -34,6 +39,34 @@ def split_time_ranges(cfg: HistoryConfig) -> list[tuple[float, float]]:
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _n_ends(x: float, y: float) -> int:
+    """Bucket ends in (x, y]: the windows a stretch holds."""
+    return max(int(round((align_down(y) - align_down(x)) / BUCKET_S)), 0)
+
+
+def _subtract(a: float, b: float, cuts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """[a, b] less the ranges ``cuts``."""
+    out = [(a, b)]
+    for x, y in cuts:
+        out = [p for u, v in out for p in ((u, min(v, x)), (max(u, y), v)) if p[1] > p[0]]
+    return out
+
+
+def _noise_pieces(
+    cfg: HistoryConfig, devs: list[Device], t0: float, t1: float, warm: float
+) -> list[tuple[Device, float, float]]:
+    """The noise stratum of a split: each device's noise intervals in [t0, t1], less its
+    incidents and repair downtime (and a window's warm-up after them)."""
+    out = []
+    for d in devs:
+        cuts = [(x, y + warm) for x, y in d.blocked()]
+        for a, b in noise_intervals(cfg, d):
+            for x, y in _subtract(max(a, t0), min(b, t1), cuts):
+                if _n_ends(x, y) >= 1:
+                    out.append((d, x, y))
+    return out
 
 
 def build_split(
@@ -64,10 +97,25 @@ def build_split(
         for f in d.faults:
             device_s -= _overlap(f.failure_s, f.repaired_s, t0, t1)
             background_s -= _overlap(f.incident_start_s(), f.repaired_s, t0, t1)
-    # Background segments: random devices and times clear of incidents and downtime.
+    # Background, two strata. "noise": the stretches around precursor-like noise (benign
+    # remaps, healed degradations), too rare in device-time for a uniform sample to hold
+    # many, so whole stretches are drawn among them; "plain": the rest, uniform segments.
+    # Each stratum's windows stand for its own population (weights below).
+    pieces = _noise_pieces(cfg, devs, t0, t1, warm)
+    rng = history_rng(cfg.seed, "background", name)
+    noise_pop = sum(_n_ends(x, y) for _, x, y in pieces)
+    n_noise = min(cfg.noise_segments[si], len(pieces))
+    for i in sorted(rng.sample(range(len(pieces)), n_noise)):
+        d, x, y = pieces[i]
+        start = align_down(x) - warm
+        segments.append(
+            Segment(d.ordinal, start, int(round((align_down(y) - start) / BUCKET_S)), "noise")
+        )
+    noise_by_dev: dict[int, list[tuple[float, float]]] = {}
+    for d, x, y in pieces:
+        noise_by_dev.setdefault(d.ordinal, []).append((x, y))
     seg_s = cfg.background_segment_s[si]
     n_bg = cfg.background_segments[si]
-    rng = history_rng(cfg.seed, "background", name)
     n_bucket = int(seg_s // BUCKET_S)
     placed = tries = 0
     while placed < n_bg and tries < n_bg * 50:
@@ -77,10 +125,13 @@ def build_split(
         a, b = start - warm, start + n_bucket * BUCKET_S
         if any(_overlap(a, b, x, y) > 0 for x, y in d.blocked()):
             continue
+        if any(_overlap(start, b, x, y) > 0 for x, y in noise_by_dev.get(d.ordinal, [])):
+            continue  # its windows would end in the noise stratum
         segments.append(Segment(d.ordinal, a, n_bucket + w - 1, "background"))
         placed += 1
     # Simulate every segment and lay out its windows.
     fault_row = {id(f): i for i, f in enumerate(faults)}
+    n_noise_windows = 0
     bucket_parts: list[np.ndarray] = []
     end_rows, t_ends, ttfs, segs, kinds = [], [], [], [], []
     row = 0
@@ -97,6 +148,7 @@ def build_split(
             ttfs.append(np.full(len(k), np.inf))
         segs.append(np.full(len(k), si_))
         kinds.append(0 if seg.kind == "incident" else 1)
+        n_noise_windows += len(k) if seg.kind == "noise" else 0
         row += seg.n
     buckets = (
         np.concatenate(bucket_parts).astype(np.float32)
@@ -107,10 +159,17 @@ def build_split(
     seg_arr = np.concatenate(segs) if segs else np.zeros(0, np.int64)
     seg_kind = np.asarray(kinds, dtype=np.int64)
     is_bg = seg_kind[seg_arr] == 1 if len(seg_arr) else np.zeros(0, bool)
-    sampled_bg_s = placed * n_bucket * BUCKET_S
+    is_noise = np.zeros(len(end_row), dtype=bool)
+    if len(seg_arr):
+        noise_seg = np.asarray([s.kind == "noise" for s in segments])
+        is_noise = noise_seg[seg_arr]
+    sampled_bg_s = (placed * n_bucket + n_noise_windows) * BUCKET_S
     weight = np.ones(len(end_row), dtype=np.float64)
+    plain_pop = max(background_s / BUCKET_S - noise_pop, 0.0)
     if placed:
-        weight[is_bg] = max(background_s, 0.0) / sampled_bg_s
+        weight[is_bg & ~is_noise] = plain_pop / (placed * n_bucket)
+    if n_noise_windows:
+        weight[is_noise] = noise_pop / n_noise_windows
     return SplitData(
         name=name,
         buckets=buckets,
