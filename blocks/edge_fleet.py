@@ -16,6 +16,11 @@ from pydantic import BaseModel, Field, field_validator
 LOOPBACK = "127.0.0.1"
 
 
+# A hop is never free: 1 Gbit/s Ethernet, what edge boxes commonly have, unless a node's
+# link is configured (or measured: `gpuflow bench edge` reports loopback's).
+DEFAULT_LINK_MB_S = 125.0
+
+
 class EdgeNode(BaseModel):
     """One edge node of a fleet."""
 
@@ -26,10 +31,17 @@ class EdgeNode(BaseModel):
     )
     speed: float = Field(default=1.0, gt=0, description="Speed relative to the profiled machine.")
     link_mb_s: float | None = Field(
-        default=None, gt=0, description="Link bandwidth in MB/s (10**6 bytes); None = free."
+        default=DEFAULT_LINK_MB_S,
+        gt=0,
+        description="Link bandwidth in MB/s (10**6 bytes); default 1 GbE; None = free.",
     )
     memory_mb: float | None = Field(
-        default=None, gt=0, description="Memory for a shard's weights in MB; None = no limit."
+        default=None,
+        gt=0,
+        description=(
+            "Memory for a shard server in MB (its own footprint, the shard's weights and "
+            "activations); None = no limit."
+        ),
     )
     cpus: list[int] | None = Field(
         default=None, description="Cores to pin the shard process to (emulates separate boxes)."

@@ -23,7 +23,14 @@ from gpuflow.tasks.edge.export import export_task
 from gpuflow.tasks.edge.home import EdgeDeployError, check_name
 from gpuflow.tasks.edge.nodes import check_reachable
 from gpuflow.tasks.edge.package import package_task
-from gpuflow.tasks.edge.planning import plan_task, stored_profile
+from gpuflow.tasks.edge.planning import (
+    plan_message,
+    plan_nodes,
+    plan_task,
+    save_plan_costs,
+    stored_plan_costs,
+    stored_profile,
+)
 from gpuflow.tasks.edge.profile import profile_task
 from gpuflow.tasks.edge.recording import (
     failed_run_on_error,
@@ -46,20 +53,21 @@ EXPERIMENT = "edge"
 def preflight(
     model: str, nodes: list[EdgeNode], shards: int | None, mode: str, name: str
 ) -> list[EdgeNode]:
-    """Reject bad input before anything is written or started; the nodes to use."""
+    """Reject bad input before anything is written or started; the nodes the planner may
+    use (all of the fleet's: it chooses which serve and in which order)."""
     model_spec(model)  # ValueError listing the known models
     if mode not in ("forward", "driver"):
         raise ValueError(f"mode must be 'forward' or 'driver', got {mode!r}")
-    k = len(nodes) if shards is None else shards
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"shards must be a positive int, got {shards!r}")
-    if k > len(nodes):
-        raise ValueError(f"{k} shards need {k} edge nodes but the fleet has {len(nodes)}")
+    if shards is not None and (not isinstance(shards, int) or isinstance(shards, bool)):
+        raise ValueError(f"shards must be a positive int or None, got {shards!r}")
+    if shards is not None and shards < 1:
+        raise ValueError(f"shards must be a positive int or None, got {shards!r}")
+    if shards is not None and shards > len(nodes):
+        raise ValueError(f"{shards} shards need {shards} edge nodes but the fleet has {len(nodes)}")
     check_name(name)
-    chosen = nodes[:k]
-    for node in chosen:
+    for node in nodes:
         check_reachable(node)
-    return chosen
+    return nodes
 
 
 @flow(name="edge_deploy", log_prints=True)
@@ -81,10 +89,11 @@ def edge_deploy(
     experiment: str = EXPERIMENT,
     reprofile: bool = False,
 ) -> dict:
-    """Slice ``model`` over the fleet's first ``shards`` nodes and serve it as a chain.
+    """Slice ``model`` into ``shards`` shards (None: as many as pay, one included) on the
+    fleet's best nodes, in the best order, and serve it as a chain.
 
     ``fleet`` (or the saved EdgeFleet block ``fleet_block``; default: four loopback nodes)
-    gives the nodes; ``name`` is the deployment's name (default: the model's). A redeploy of
+    gives the nodes the planner chooses from; ``name`` is the deployment's name (default: the model's). A redeploy of
     the same export reuses the current version's profile (the same cuts) unless
     ``reprofile``. Returns the deployment's summary; raises EdgeDeployError when the check
     fails (after rolling back).
@@ -93,12 +102,15 @@ def edge_deploy(
     fleet = fleet or load_fleet(fleet_block)
     name = name or model
     nodes = preflight(model, list(fleet.nodes), shards, mode, name)
-    k = len(nodes)
-    step = progress_steps(name, k, logger)
+    step = progress_steps(name, shards or len(nodes), logger)
     previous, deployment = start_version(name, model, mode)
     version, root = deployment.version, deployment.root
     logger.info(
-        "deploying %s as %s version %s over %s", model, name, version, [n.name for n in nodes]
+        "deploying %s as %s version %s, choosing among %s",
+        model,
+        name,
+        version,
+        [n.name for n in nodes],
     )
     run_id = open_edge_run_task(
         experiment,
@@ -119,6 +131,7 @@ def edge_deploy(
             before = Deployment.load(name, previous) if previous and not reprofile else None
             profile = stored_profile(before, exported, threads)
             reused_from = previous if profile is not None else None
+            stored = stored_plan_costs(before) if profile is not None else None
             if profile is None:
                 profile = profile_task(
                     exported.onnx_path,
@@ -133,7 +146,10 @@ def edge_deploy(
                 )
             profile.save(root / "model" / "profile.json")
             step("profile")
-            result = plan_task(exported, profile, nodes, k)
+            result = plan_task(exported, profile, nodes, shards, stored=stored)
+            save_plan_costs(result, root / "model")
+            nodes = plan_nodes(result, nodes)
+            logger.info(plan_message(result))
             step("plan")
             packaged = package_task(
                 exported.onnx_path,

@@ -54,6 +54,9 @@ class GraphCuts:
     input_spec: TensorSpec
     output_spec: TensorSpec
     weight_bytes: list[int] = field(default_factory=list)  # per segment
+    # Per segment, per batch item: the largest working set of one operator (its dynamic
+    # inputs and outputs together), the segment's activation peak as onnxruntime runs it.
+    activation_bytes: list[int] = field(default_factory=list)
 
     @property
     def boundaries(self) -> list[TensorSpec]:
@@ -191,6 +194,23 @@ def find_cuts(model: onnx.ModelProto) -> GraphCuts:
         used = {name for i in seg for name in node_inputs[i] if name in weights}
         weight_bytes.append(sum(weights[name] for name in used))
 
+    def item_bytes(name: str) -> int:
+        value = value_infos.get(name)
+        if value is None or not value.type.tensor_type.HasField("shape"):
+            return 0  # unknown shape: counted as nothing rather than guessed
+        return bytes_per_item(_value_spec(value))
+
+    activation_bytes = [
+        max(
+            (
+                sum(item_bytes(t) for t in {*node_inputs[i], *order[i].output} if t in dynamic)
+                for i in seg
+            ),
+            default=0,
+        )
+        for seg in segments
+    ]
+
     return GraphCuts(
         order=order,
         node_names=[node.name or f"node_{i}" for i, node in enumerate(order)],
@@ -199,6 +219,7 @@ def find_cuts(model: onnx.ModelProto) -> GraphCuts:
         input_spec=_value_spec(real_inputs[0]),
         output_spec=_value_spec(graph.output[0]),
         weight_bytes=weight_bytes,
+        activation_bytes=activation_bytes,
     )
 
 

@@ -7,11 +7,17 @@ Cost model (PipeEdge-style, DESIGN.md section 8). Shard j runs on node j of the 
 
 where ``speed`` is a node's speed factor relative to the machine that was profiled (2.0 =
 twice as fast) and the link of a hop is the slower of the two nodes' links (MB/s, 1 MB =
-10**6 bytes; None = free). A node with ``memory_mb`` set cannot take a shard whose weights
-exceed it. In a pipeline the slowest stage bounds throughput, so the DP minimises
-``max_j stage_ms(j)`` over every choice of k-1 cut points; ``balance`` is that bottleneck
-over the ideal (the whole model's compute spread over the nodes' total speed, no links):
-1.0 is a perfect split.
+10**6 bytes; None = free, which only a caller can ask for: a fleet's nodes default to
+1 GbE). A node with ``memory_mb`` set cannot take a shard whose memory exceeds it: the
+server's own footprint (SERVER_FOOTPRINT_MB, measured), the shard's weights and its peak
+activations (the largest working set of one operator in it, times the batch). In a
+pipeline the slowest stage bounds throughput, so the DP minimises ``max_j stage_ms(j)``
+over every choice of k-1 cut points; ``balance`` is that bottleneck over the ideal (the
+whole model's compute spread over the nodes' total speed, no links): 1.0 is a perfect split.
+
+``optimal_split`` keeps the nodes in the order given and uses them all. ``best_placement``
+also chooses which nodes serve and in which order (a DP over subsets), and with
+``shards=None`` how many: one node alone when no split is faster.
 
 ``equal_op_split`` is the naive baseline: k shards with about the same number of graph
 nodes each, snapped to the nearest cut points.
@@ -21,6 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+
+# Resident memory of an idle shard server (python -m gpuflow.tasks.edge.serving.server with
+# a one-operator model, onnxruntime 1 thread): VmRSS 102 MB, 63 MB of it shared libraries.
+# Measured on this project's CI-class VM; a node's memory_mb must hold it besides the shard.
+SERVER_FOOTPRINT_MB = 100.0
+MAX_PLACEMENT_NODES = 8  # best_placement's subset DP grows as 2^n
 
 
 class PartitionError(ValueError):
@@ -59,6 +71,7 @@ class ChainCosts:
     segment_ms: list[float]
     boundary_bytes: list[int]
     weight_bytes: list[int] = field(default_factory=list)
+    activation_bytes: list[int] = field(default_factory=list)  # per segment, per batch item
 
     def __post_init__(self) -> None:
         m = len(self.segment_ms)
@@ -71,6 +84,10 @@ class ChainCosts:
             )
         if self.weight_bytes and len(self.weight_bytes) != m:
             raise PartitionError(f"weight_bytes needs {m} entries, got {len(self.weight_bytes)}")
+        if self.activation_bytes and len(self.activation_bytes) != m:
+            raise PartitionError(
+                f"activation_bytes needs {m} entries, got {len(self.activation_bytes)}"
+            )
         if any(c < 0 or not math.isfinite(c) for c in self.segment_ms):
             raise PartitionError("segment costs must be finite and >= 0")
 
@@ -86,6 +103,7 @@ class Shard:
     compute_ms: float
     transfer_ms: float
     weight_bytes: int
+    memory_bytes: int = 0  # footprint + weights + peak activations
 
     @property
     def stage_ms(self) -> float:
@@ -147,24 +165,37 @@ class _Cost:
         self.wprefix = [0]
         for w in weights:
             self.wprefix.append(self.wprefix[-1] + w)
+        self.activations = costs.activation_bytes or [0] * len(costs.segment_ms)
 
     def compute(self, a: int, b: int, j: int) -> float:
         return (self.prefix[b] - self.prefix[a]) / self.nodes[j].speed
 
-    def transfer(self, b: int, j: int) -> float:
-        if j == len(self.nodes) - 1:
+    def hop(self, b: int, j: int, nxt: int | None) -> float:
+        """ms to send boundary ``b`` from node j to node ``nxt`` (None: j is the last)."""
+        if nxt is None:
             return 0.0
-        links = [x for x in (self.nodes[j].link_mb_s, self.nodes[j + 1].link_mb_s) if x]
+        links = [x for x in (self.nodes[j].link_mb_s, self.nodes[nxt].link_mb_s) if x]
         if not links:
             return 0.0
         return self.costs.boundary_bytes[b] * self.batch / (min(links) * 1e6) * 1000.0
 
+    def transfer(self, b: int, j: int) -> float:
+        return self.hop(b, j, j + 1 if j < len(self.nodes) - 1 else None)
+
     def weights(self, a: int, b: int) -> int:
         return self.wprefix[b] - self.wprefix[a]
 
-    def stage(self, a: int, b: int, j: int) -> float:
+    def memory(self, a: int, b: int) -> int:
+        """Bytes a shard of segments [a, b) needs on its node (see the module docstring)."""
+        peak = max(self.activations[a:b], default=0)
+        return int(SERVER_FOOTPRINT_MB * 1e6) + self.weights(a, b) + peak * self.batch
+
+    def fits(self, a: int, b: int, j: int) -> bool:
         memory = self.nodes[j].memory_mb
-        if memory is not None and self.weights(a, b) > memory * 1e6:
+        return memory is None or self.memory(a, b) <= memory * 1e6
+
+    def stage(self, a: int, b: int, j: int) -> float:
+        if not self.fits(a, b, j):
             return math.inf
         return self.compute(a, b, j) + self.transfer(b, j)
 
@@ -178,6 +209,7 @@ class _Cost:
                 compute_ms=self.compute(a, b, j),
                 transfer_ms=self.transfer(b, j),
                 weight_bytes=self.weights(a, b),
+                memory_bytes=self.memory(a, b),
             )
             for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
         ]
@@ -204,14 +236,95 @@ def optimal_split(costs: ChainCosts, nodes: list[NodeCapacity], *, batch: int = 
                 if value < best[j][e]:
                     best[j][e], choice[j][e] = value, s
     if best[k][m] == inf:
-        raise PartitionError(
-            f"no split of the model over {k} nodes fits their memory_mb limits "
-            f"(weights total {model.weights(0, m) / 1e6:.1f} MB)"
-        )
+        raise PartitionError(_no_fit(model, k))
     bounds = [m]
     for j in range(k, 0, -1):
         bounds.append(choice[j][bounds[-1]])
     return model.shards(bounds[::-1], "dp")
+
+
+def _no_fit(model: _Cost, k: int) -> str:
+    m = len(model.costs.segment_ms)
+    return (
+        f"no split of the model over {k} nodes fits their memory_mb limits (weights total "
+        f"{model.weights(0, m) / 1e6:.1f} MB, and each shard server needs "
+        f"{SERVER_FOOTPRINT_MB:.0f} MB of its own plus its activations)"
+    )
+
+
+def best_placement(
+    costs: ChainCosts,
+    nodes: list[NodeCapacity],
+    *,
+    shards: int | None = None,
+    batch: int = 1,
+) -> Plan:
+    """The fastest chain over ``nodes``: which of them serve, in which order, and where the
+    cuts fall, minimising the slowest stage; ``shards`` fixes how many nodes serve (None:
+    any number, one node alone included; on a tie, fewer shards: fewer hops per request).
+
+    A DP over subsets, from the chain's tail: ``best[mask][f][s]`` is the smallest slowest
+    stage of serving segments [s, m) on the nodes of ``mask``, node ``f`` first. A node
+    put before ``f`` pays its compute and the hop to ``f``. O(2^n n^2 m^2) for n nodes: of
+    a fleet larger than MAX_PLACEMENT_NODES only that many of the fastest are considered.
+    """
+    if not nodes:
+        raise PartitionError("need at least one node")
+    if shards is not None:
+        _check(costs, nodes[:shards])
+        if shards > len(nodes):
+            raise PartitionError(f"{shards} shards need {shards} nodes but there are {len(nodes)}")
+        if shards > MAX_PLACEMENT_NODES:
+            raise PartitionError(
+                f"{shards} shards: the planner places at most {MAX_PLACEMENT_NODES}"
+            )
+    if len(nodes) > MAX_PLACEMENT_NODES:
+        # The subset search grows as 2^n: a larger fleet offers its fastest nodes.
+        nodes = sorted(nodes, key=lambda c: (-c.speed, -(c.link_mb_s or math.inf)))
+        nodes = nodes[:MAX_PLACEMENT_NODES]
+    n, m = len(nodes), len(costs.segment_ms)
+    limit = min(n, m) if shards is None else shards
+    model = _Cost(costs, nodes, batch)
+    inf = math.inf
+    best: dict[tuple[int, int, int], tuple[float, tuple[int, int] | None]] = {}
+    for f in range(n):
+        for s in range(m):
+            if model.fits(s, m, f):
+                best[(1 << f, f, s)] = (model.compute(s, m, f), None)
+    for size in range(1, limit):
+        layer = [(key, v) for key, v in best.items() if key[0].bit_count() == size]
+        for (mask, f, s), (value, _) in layer:
+            for p in range(n):
+                if mask >> p & 1:
+                    continue
+                hop = model.hop(s, p, f)
+                for a in range(s):
+                    if not model.fits(a, s, p):
+                        continue
+                    cand = max(value, model.compute(a, s, p) + hop)
+                    key = (mask | 1 << p, p, a)
+                    if cand < best.get(key, (inf,))[0]:
+                        best[key] = (cand, (f, s))
+    finals = [
+        (v[0], key[0].bit_count(), key)
+        for key, v in best.items()
+        if key[2] == 0 and (shards is None or key[0].bit_count() == shards)
+    ]
+    if not finals:
+        raise PartitionError(_no_fit(model, limit))
+    _, _, key = min(finals, key=lambda t: (t[0], t[1]))
+    order, bounds = [], [0]
+    mask, f, s = key
+    while True:
+        order.append(f)
+        parent = best[(mask, f, s)][1]
+        if parent is None:
+            break
+        mask, (f, s) = mask & ~(1 << f), parent
+        bounds.append(s)
+    bounds.append(m)
+    chosen = [nodes[i] for i in order]
+    return _Cost(costs, chosen, batch).shards(bounds, "placement")
 
 
 def equal_op_split(
@@ -258,22 +371,27 @@ class PlanRefusedError(PartitionError):
     """A split predicted to serve slower than the whole model on one node."""
 
 
-def single_node(costs: ChainCosts, nodes: list[NodeCapacity]) -> tuple[str, float] | None:
+def single_node(
+    costs: ChainCosts, nodes: list[NodeCapacity], *, batch: int = 1
+) -> tuple[str, float] | None:
     """(the fastest node that holds the whole model, its ms per request); None if none can."""
-    weights = sum(costs.weight_bytes)
-    fits = [n for n in nodes if n.memory_mb is None or weights <= n.memory_mb * 1e6]
+    model = _Cost(costs, nodes, batch)
+    m = len(costs.segment_ms)
+    fits = [j for j in range(len(nodes)) if model.fits(0, m, j)]
     if not fits:
         return None
-    best = max(fits, key=lambda n: n.speed)
-    return best.name, sum(costs.segment_ms) / best.speed
+    best = max(fits, key=lambda j: nodes[j].speed)
+    return nodes[best].name, model.compute(0, m, best)
 
 
-def check_split_pays(plan: Plan, costs: ChainCosts, nodes: list[NodeCapacity]) -> None:
+def check_split_pays(
+    plan: Plan, costs: ChainCosts, nodes: list[NodeCapacity], *, batch: int = 1
+) -> None:
     """Refuse a split whose slowest stage is no faster than one node running everything:
     its throughput would be lower and every request slower (the hops add to latency)."""
     if len(plan.shards) < 2:
         return
-    alone = single_node(costs, nodes)
+    alone = single_node(costs, nodes, batch=batch)
     if alone is None:
         return  # no node holds the model whole: splitting is the only way to serve it
     name, alone_ms = alone

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -15,11 +17,12 @@ from gpuflow.tasks.edge.partition import (
     ChainCosts,
     PartitionError,
     Plan,
+    best_placement,
     check_split_pays,
     equal_op_split,
-    optimal_split,
 )
 from gpuflow.tasks.edge.profile import NodeProfile, segment_costs_ms
+from gpuflow.tasks.edge.served_profile import settle_plan
 
 
 @dataclass
@@ -31,6 +34,10 @@ class PlanResult:
     dp: Plan
     equal_ops: Plan
     batch: int
+    # Each shard of ``dp`` timed as served (ms before node speed), and the planning rounds
+    # it took (served_profile.py); None when planned from the profile alone.
+    served_ms: list[float] | None = None
+    rounds: int = 0
 
     def cut_tensors(self, plan: Plan | None = None) -> list[str]:
         plan = plan or self.dp
@@ -43,6 +50,8 @@ class PlanResult:
             "num_cut_points": len(self.cuts.cuts),
             "total_ms": sum(self.segment_ms),
             "batch": self.batch,
+            "served_ms": self.served_ms,
+            "planning_rounds": self.rounds,
             "dp": self.dp.to_dict() | {"cut_tensors": self.cut_tensors(self.dp)},
             "equal_ops": self.equal_ops.to_dict()
             | {"cut_tensors": self.cut_tensors(self.equal_ops)},
@@ -56,34 +65,134 @@ def chain_costs(cuts: GraphCuts, segment_ms: list[float]) -> ChainCosts:
         *(c.bytes_per_item for c in cuts.cuts),
         bytes_per_item(cuts.output_spec),
     ]
-    return ChainCosts(segment_ms, boundaries, cuts.weight_bytes)
+    return ChainCosts(segment_ms, boundaries, cuts.weight_bytes, cuts.activation_bytes)
 
 
 def plan_shards(
-    exported: ExportedModel, profile: NodeProfile, nodes: list[EdgeNode], k: int | None = None
+    exported: ExportedModel,
+    profile: NodeProfile,
+    nodes: list[EdgeNode],
+    k: int | None = None,
+    *,
+    as_served: bool = True,
+    stored: dict[str, Any] | None = None,
 ) -> PlanResult:
-    """Cut the exported graph and split it over the first ``k`` nodes (default: all).
-    PlanRefusedError when the split is predicted slower than one node serving it whole."""
-    k = len(nodes) if k is None else k
-    if not isinstance(k, int) or k < 1:
+    """Cut the exported graph and place it on the best of ``nodes``: which serve, in which
+    order and with which cuts (partition.best_placement); ``k`` fixes the number of shards,
+    None lets the planner choose (one node alone when no split is faster). With
+    ``as_served`` the plan is settled on shard times measured as served
+    (served_profile.py). ``stored`` (a previous version's ``plan_costs``, see
+    stored_plan_costs) starts from that version's settled costs, and when they give the same
+    plan it is taken as it was, with its measured stage times, not measured again (a
+    redeploy then cuts exactly as before). PlanRefusedError when a split of ``k`` is
+    predicted slower than one node serving the model whole."""
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise PartitionError(f"k must be a positive int, got {k!r}")
-    if k > len(nodes):
+    if k is not None and k > len(nodes):
         raise PartitionError(f"k={k} shards need {k} nodes but the fleet has {len(nodes)}")
-    cuts = find_cuts(onnx.load(str(exported.onnx_path), load_external_data=False))
-    if k > 1 and not cuts.cuts:
+    model = onnx.load(str(exported.onnx_path))
+    cuts = find_cuts(model)
+    if (k or 1) > 1 and not cuts.cuts:
         raise CutError(
             f"model {exported.model_name!r} has no single-tensor cut point (every boundary "
             f"keeps two or more tensors live), so it cannot be split into {k} shards"
         )
+    capacities = [node_capacity(n) for n in nodes]
+
+    def plan_with(segment_ms: list[float]) -> Plan:
+        return best_placement(
+            chain_costs(cuts, segment_ms), capacities, shards=k, batch=profile.batch
+        )
+
     segment_ms = segment_costs_ms(profile, cuts.node_names, cuts.segments)
+    served_ms: list[float] | None = None
+    rounds = 0
+    if stored is not None and len(stored["segment_ms"]) == len(segment_ms):
+        segment_ms = list(stored["segment_ms"])
+        again = plan_with(segment_ms)
+        if _signature(again) == stored["plan"]:
+            as_served = False  # the stored plan, as measured then
+            served_ms, rounds = stored.get("served_ms"), int(stored.get("rounds", 0))
+    if as_served:
+        settled = settle_plan(
+            model,
+            cuts,
+            segment_ms,
+            plan_with,
+            exported.sample_inputs(batch=profile.batch),
+            intra_op_threads=profile.intra_op_threads,
+        )
+        dp, segment_ms, served_ms, rounds = (
+            settled.plan,
+            settled.segment_ms,
+            settled.served_ms,
+            settled.rounds,
+        )
+    else:
+        dp = plan_with(segment_ms)
     costs = chain_costs(cuts, segment_ms)
-    capacities = [node_capacity(n) for n in nodes[:k]]
-    sizes = [len(s) for s in cuts.segments]
-    dp = optimal_split(costs, capacities, batch=profile.batch)
     # Against every node given, not only those a shard landed on: one may beat them all.
-    check_split_pays(dp, costs, [node_capacity(n) for n in nodes])
-    equal = equal_op_split(costs, capacities, sizes, batch=profile.batch)
-    return PlanResult(cuts, segment_ms, dp, equal, profile.batch)
+    check_split_pays(dp, costs, capacities, batch=profile.batch)
+    chosen = [next(c for c in capacities if c.name == s.node) for s in dp.shards]
+    sizes = [len(s) for s in cuts.segments]
+    equal = equal_op_split(costs, chosen, sizes, batch=profile.batch)
+    return PlanResult(cuts, segment_ms, dp, equal, profile.batch, served_ms, rounds)
+
+
+def _signature(plan: Plan) -> dict[str, Any]:
+    return {"cuts": list(plan.cuts), "nodes": [s.node for s in plan.shards]}
+
+
+PLAN_COSTS_FILE = "plan_costs.json"
+
+
+def save_plan_costs(result: PlanResult, model_dir: Path) -> Path:
+    """What a redeploy of the same export reuses: the settled segment costs, the plan they
+    gave and its measured stage times."""
+    path = Path(model_dir) / PLAN_COSTS_FILE
+    data = {
+        "segment_ms": result.segment_ms,
+        "served_ms": result.served_ms,
+        "rounds": result.rounds,
+        "plan": _signature(result.dp),
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def stored_plan_costs(previous: Any) -> dict[str, Any] | None:
+    """``previous``'s plan costs (a Deployment whose profile is being reused), or None."""
+    if previous is None:
+        return None
+    try:
+        data = json.loads((previous.root / "model" / PLAN_COSTS_FILE).read_text())
+        return data if isinstance(data.get("segment_ms"), list) and "plan" in data else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def plan_nodes(result: PlanResult, nodes: list[EdgeNode]) -> list[EdgeNode]:
+    """The fleet's nodes in the plan's chain order (shard i on the i-th)."""
+    by_name = {n.name: n for n in nodes}
+    return [by_name[s.node] for s in result.dp.shards]
+
+
+def plan_message(result: PlanResult) -> str:
+    """One line that says what was chosen and why, for the flow's log."""
+    plan = result.dp
+    names = [s.node for s in plan.shards]
+    where = f"on node {names[0]!r} alone" if len(names) == 1 else f"over {' -> '.join(names)}"
+    stages = ", ".join(f"{s.stage_ms:.2f}" for s in plan.shards)
+    served = (
+        f"; stages measured as served after {result.rounds} planning round(s)"
+        if result.served_ms is not None
+        else ""
+    )
+    if len(names) == 1:
+        why = "no split over the fleet is faster than this node alone"
+    else:
+        why = f"slowest stage {plan.bottleneck_ms:.2f} ms, balance {plan.balance:.2f}"
+    return f"plan: {len(names)} shard(s) {where} (stage ms: {stages}): {why}{served}"
 
 
 def stored_profile(

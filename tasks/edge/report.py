@@ -117,6 +117,8 @@ def deploy_summary(
         "addresses": deployment.addresses,
         "model_names": deployment.model_names,
         "cut_tensors": result.cut_tensors(),
+        "nodes": [s.node for s in result.dp.shards],
+        "stage_ms_predicted": [s.stage_ms for s in result.dp.shards],
         "balance": result.dp.balance,
         "balance_equal_ops": result.equal_ops.balance,
         "check": check.to_dict(),

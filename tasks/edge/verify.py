@@ -116,6 +116,7 @@ def measure_chain(
     """
     from gpuflow.tasks.edge.serving.chain import ChainDriver, run_pipelined
     from gpuflow.tasks.edge.serving.client import OipClient
+    from gpuflow.tasks.edge.serving.metrics import scrape_compute
 
     in_flight = in_flight or 2 * len(deployment.shards)
     sample = exported.sample_inputs(batch=1, seed=7)
@@ -130,18 +131,27 @@ def measure_chain(
     else:
         closer = ChainDriver(deployment.addresses, deployment.model_names)
         infer = closer.infer
+    https = [s.http_address for s in deployment.shards]
     try:
         for _ in range(warmup):
             infer(sample)
+        before = [scrape_compute(h) for h in https if h]
         latencies = []
         for _ in range(requests):
             started = time.perf_counter()
             infer(sample)
             latencies.append(time.perf_counter() - started)
+        after = [scrape_compute(h) for h in https if h]
         run = run_pipelined(infer, [sample] * requests, in_flight)
     finally:
         closer.close()
-    return {
+    # Each shard's own compute per request while requests came one at a time: the stage
+    # times as served, to set beside the plan's prediction.
+    served = {
+        f"served_compute_ms_shard{i}": (c1 - c0) / 1e3 / max(e1 - e0, 1.0)
+        for i, ((c0, e0), (c1, e1)) in enumerate(zip(before, after, strict=True))
+    }
+    return served | {
         "latency_p50_ms": _percentile_ms(latencies, 50),
         "latency_p99_ms": _percentile_ms(latencies, 99),
         "latency_mean_ms": statistics.fmean(latencies) * 1000.0,

@@ -189,14 +189,26 @@ def test_failed_first_deploy_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_split_slower_than_one_node_is_refused_with_the_reason() -> None:
     """Four nodes on slow links (0.05 MB/s: each hop of an activation costs more than the
-    whole model on one node): the flow refuses the 4-shard plan before starting a shard."""
+    whole model on one node): asked for 4 shards, the flow refuses the plan before starting
+    a shard and says the single node is faster."""
     from gpuflow.tasks.edge.partition import PlanRefusedError
 
     slow = EdgeFleet.loopback(4, link_mb_s=0.05)
     with pytest.raises(PlanRefusedError, match="slower than that single node") as err:
-        edge_deploy(model="resnet18-digits", fleet=slow, name="slow", **FAST)
+        edge_deploy(model="resnet18-digits", fleet=slow, shards=4, name="slow", **FAST)
     assert "on 'edge-0' alone (shards=1)" in str(err.value)
     assert current_version("slow") is None and _servers("slow") == []
+
+
+def test_left_to_choose_on_slow_links_the_flow_serves_from_one_node() -> None:
+    slow = EdgeFleet.loopback(3, link_mb_s=0.05)
+    out = edge_deploy(model="resnet18-digits", fleet=slow, name="alone", **FAST)
+    try:
+        assert out["check"]["passed"]
+        assert len(_servers("alone")) == 1
+        assert out["nodes"] == ["edge-0"]
+    finally:
+        teardown("alone")
 
 
 def test_bad_input_is_refused_before_anything_is_written(gpuflow_home: Path) -> None:

@@ -2,23 +2,41 @@
 
 ``OipClient`` speaks the standard ``inference.GRPCInferenceService``, so it works against a
 gpuflow shard server as well as Triton, KServe, MLServer or OpenVINO Model Server. Tensors
-travel as raw contents. Every failed call raises ``OipError`` carrying the gRPC status code
-and the server's details, prefixed with the RPC and the address.
+travel as raw contents, or, where the server shares this host, as references into shared
+memory (Triton's system shared-memory extension, shm.py): ``shared_memory="auto"`` (the
+default) tries it for a loopback address and falls back to raw contents for good if the
+server does not take the registration (another host, or no such extension). Every failed
+call raises ``OipError`` carrying the gRPC status code and the server's details, prefixed
+with the RPC and the address.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import numpy as np
 from gpuflow.tasks.edge.manifest import parse_hop
 from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
 from gpuflow.tasks.edge.serving.proto import oip as pb
+from gpuflow.tasks.edge.serving.shm import UNREGISTERED_REGION, SlotPool
+
+log = logging.getLogger(__name__)
+SharedMemoryMode = Literal["auto", "on", "off"]
+# A registration refused for these reasons will not work later either: the server has no
+# such extension, or cannot open our key (it is on another host).
+_NO_SHARED_MEMORY = (
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+)
 
 # Activation tensors exceed gRPC's 4 MiB default receive limit (a ResNet stage boundary at
 # batch 8 is ~25 MB); servers and clients both raise it to this.
@@ -81,6 +99,23 @@ class ServerMetadata:
     extensions: tuple[str, ...]
 
 
+def _forgot_our_regions(exc: OipError) -> bool:
+    return (
+        exc.method == "ModelInfer"
+        and exc.code == grpc.StatusCode.INVALID_ARGUMENT
+        and UNREGISTERED_REGION in exc.details
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _tensors(items: Sequence[Any]) -> tuple[TensorMetadata, ...]:
     return tuple(TensorMetadata(t.name, t.datatype, tuple(t.shape)) for t in items)
 
@@ -93,14 +128,22 @@ class OipClient:
         address: str,
         timeout_s: float = 30.0,
         max_message_mb: int = DEFAULT_MAX_MESSAGE_MB,
+        shared_memory: SharedMemoryMode = "auto",
     ) -> None:
-        parse_hop(address)  # a clear error for a malformed "host:port" before any connection
+        host, _ = parse_hop(address)  # a clear error for a malformed "host:port" first
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        if shared_memory not in ("auto", "on", "off"):
+            raise ValueError(f"shared_memory must be 'auto', 'on' or 'off', got {shared_memory!r}")
         self.address = address
         self.timeout_s = float(timeout_s)
         self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
         self.stub = pb.GRPCInferenceServiceStub(self._channel)
+        self.shared_memory = shared_memory
+        # "auto": only where the server is surely on this host; "on" also tries elsewhere.
+        self._try_shm = shared_memory == "on" or (shared_memory == "auto" and _loopback(host))
+        self._slots: SlotPool | None = None
+        self._shm_lock = threading.Lock()
 
     def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
@@ -139,6 +182,93 @@ class OipClient:
         """Send a prepared ModelInferRequest and return the raw response message."""
         return self._call("ModelInfer", request, timeout_s)
 
+    def register_shared_memory(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
+        request = pb.SystemSharedMemoryRegisterRequest(
+            name=name, key=key, offset=offset, byte_size=byte_size
+        )
+        self._call("SystemSharedMemoryRegister", request)
+
+    def unregister_shared_memory(self, name: str = "") -> None:
+        self._call(
+            "SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name=name)
+        )
+
+    def shared_memory_status(self, name: str = "") -> dict[str, tuple[str, int, int]]:
+        """Registered regions: name -> (key, offset, byte_size)."""
+        resp = self._call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest(name=name))
+        return {n: (r.key, r.offset, r.byte_size) for n, r in resp.regions.items()}
+
+    def _gives_up_shared_memory(self, exc: OipError) -> bool:
+        """Whether a failed registration means raw contents from now on ("auto" only)."""
+        if (
+            exc.method != "SystemSharedMemoryRegister"
+            or exc.code not in _NO_SHARED_MEMORY
+            or self.shared_memory == "on"
+        ):
+            return False
+        log.info(
+            "%s: shared memory not available, raw contents from now on: %s",
+            self.address,
+            exc.details,
+        )
+        return True
+
+    def _slot_pool(self) -> SlotPool | None:
+        """The shared-memory slots for this server, made on first use; None when the raw
+        path is in force (off, not this host, or the server refused a registration)."""
+        with self._shm_lock:
+            if self._try_shm and self._slots is None:
+                self._slots = SlotPool(
+                    lambda name, key, size: self.register_shared_memory(name, key, size),
+                    self.unregister_shared_memory,
+                )
+            return self._slots
+
+    def infer_response(
+        self,
+        name: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+        *,
+        version: str = "",
+        request_id: str = "",
+        timeout_s: float | None = None,
+    ) -> pb.ModelInferResponse:
+        """Run model ``name`` on ``inputs``; the response message. Inputs go through shared
+        memory when it is in force for this server, else as raw contents."""
+        pool = self._slot_pool()
+        if pool is not None:
+            arrays = [np.asarray(a) for a in inputs.values()]
+            for attempt in (1, 2):
+                try:
+                    with pool.slot(arrays) as places:
+                        request = build_infer_request(
+                            name,
+                            inputs,
+                            outputs,
+                            model_version=version,
+                            request_id=request_id,
+                            shm=places,
+                        )
+                        return self.infer_request(request, timeout_s)
+                except OipError as exc:
+                    if attempt == 1 and _forgot_our_regions(exc):
+                        # The server restarted (a supervisor brought it back at the same
+                        # address): our registrations died with the old process.
+                        log.info("%s forgot our shared memory; registering again", self.address)
+                        pool.drop_free()
+                        continue
+                    if not self._gives_up_shared_memory(exc):
+                        raise
+                    with self._shm_lock:
+                        self._try_shm, self._slots = False, None
+                    pool.close()
+                    break
+        request = build_infer_request(
+            name, inputs, outputs, model_version=version, request_id=request_id
+        )
+        return self.infer_request(request, timeout_s)
+
     def infer(
         self,
         name: str,
@@ -152,10 +282,9 @@ class OipClient:
 
         ``outputs`` limits which outputs come back (default: all of them).
         """
-        request = build_infer_request(
-            name, inputs, outputs, model_version=version, request_id=request_id
+        return decode_response(
+            self.infer_response(name, inputs, outputs, version=version, request_id=request_id)
         )
-        return decode_response(self.infer_request(request))
 
     def wait_until_ready(
         self, model_name: str | None = None, timeout_s: float = 60.0, poll_s: float = 0.1
@@ -188,6 +317,10 @@ class OipClient:
             time.sleep(poll_s)
 
     def close(self) -> None:
+        with self._shm_lock:
+            pool, self._slots, self._try_shm = self._slots, None, False
+        if pool is not None:
+            pool.close()  # unregisters (while the channel is open) and unlinks the slots
         self._channel.close()
 
     def __enter__(self) -> OipClient:

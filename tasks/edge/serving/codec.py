@@ -18,6 +18,13 @@ from typing import Any
 import numpy as np
 from gpuflow.tasks.edge.manifest import KSERVE_TO_NUMPY, kserve_dtype
 from gpuflow.tasks.edge.serving.proto import oip as pb
+from gpuflow.tasks.edge.serving.shm import (
+    RegionRegistry,
+    SharedMemoryError,
+    ShmTensorRef,
+    set_tensor_ref,
+    tensor_ref,
+)
 
 # Which typed-contents field carries each datatype (the protocol's table); FP16 has none.
 _TYPED_FIELD: dict[str, str] = {
@@ -56,14 +63,18 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     return dims
 
 
+def _datatype(name: str, arr: np.ndarray) -> str:
+    try:
+        # Byte order is a storage detail here (the wire is always little-endian).
+        return kserve_dtype(arr.dtype.newbyteorder("="))
+    except ValueError as exc:
+        raise TensorCodecError(f"tensor {name!r}: {exc}") from None
+
+
 def encode_array(name: str, array: Any) -> tuple[str, list[int], bytes]:
     """(datatype, shape, raw bytes) of an array; TensorCodecError for an unsupported dtype."""
     arr = np.asarray(array)
-    try:
-        # Byte order is a storage detail here (the wire is always little-endian).
-        datatype = kserve_dtype(arr.dtype.newbyteorder("="))
-    except ValueError as exc:
-        raise TensorCodecError(f"tensor {name!r}: {exc}") from None
+    datatype = _datatype(name, arr)
     # ascontiguousarray + '<' byte order: the wire layout is row-major little-endian.
     raw = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
     return datatype, list(arr.shape), raw
@@ -76,16 +87,27 @@ def build_infer_request(
     *,
     model_version: str = "",
     request_id: str = "",
+    shm: Sequence[ShmTensorRef] | None = None,
 ) -> pb.ModelInferRequest:
-    """A ModelInferRequest carrying ``inputs`` as raw contents, in the mapping's order."""
+    """A ModelInferRequest carrying ``inputs`` as raw contents, in the mapping's order, or,
+    with ``shm`` (one place per input, already written there), by reference."""
     if not isinstance(model_name, str) or not model_name:
         raise TensorCodecError(f"model name must be a non-empty string, got {model_name!r}")
     if not inputs:
         raise TensorCodecError(f"request for model {model_name!r} has no input tensors")
+    if shm is not None and len(shm) != len(inputs):
+        raise TensorCodecError(f"{len(inputs)} inputs but {len(shm)} shared-memory places")
     request = pb.ModelInferRequest(
         model_name=model_name, model_version=model_version, id=request_id
     )
-    for name, array in inputs.items():
+    for index, (name, array) in enumerate(inputs.items()):
+        if shm is not None:
+            arr = np.asarray(array)
+            tensor = request.inputs.add(
+                name=name, datatype=_datatype(name, arr), shape=list(arr.shape)
+            )
+            set_tensor_ref(tensor.parameters, shm[index])
+            continue
         datatype, shape, raw = encode_array(name, array)
         request.inputs.add(name=name, datatype=datatype, shape=shape)
         request.raw_input_contents.append(raw)
@@ -94,27 +116,74 @@ def build_infer_request(
     return request
 
 
-def add_output(response: pb.ModelInferResponse, name: str, array: Any) -> None:
-    """Append one output tensor to a response as raw contents."""
-    datatype, shape, raw = encode_array(name, array)
-    response.outputs.add(name=name, datatype=datatype, shape=shape)
-    response.raw_output_contents.append(raw)
+def add_output(
+    response: pb.ModelInferResponse,
+    name: str,
+    array: Any,
+    place: ShmTensorRef | None = None,
+    regions: RegionRegistry | None = None,
+) -> None:
+    """Append one output tensor to a response: as raw contents, or written into the
+    shared-memory ``place`` the request named (then its raw entry is empty, as Triton's
+    server leaves it, so raw entries keep one index per output)."""
+    if place is None:
+        datatype, shape, raw = encode_array(name, array)
+        response.outputs.add(name=name, datatype=datatype, shape=shape)
+        response.raw_output_contents.append(raw)
+        return
+    arr = np.ascontiguousarray(array)
+    datatype = _datatype(name, arr)
+    if regions is None or arr.nbytes > place.byte_size:
+        raise TensorCodecError(
+            f"output {name!r} needs {arr.nbytes} bytes but shared-memory region "
+            f"{place.region!r} offers {place.byte_size if regions is not None else 0}"
+        )
+    try:
+        view = regions.view(place.region, place.offset, arr.nbytes, name)
+    except SharedMemoryError as exc:
+        raise TensorCodecError(str(exc)) from None
+    np.frombuffer(view, dtype=np.uint8)[...] = arr.reshape(-1).view(np.uint8)
+    tensor = response.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
+    set_tensor_ref(tensor.parameters, ShmTensorRef(place.region, arr.nbytes, place.offset))
+    response.raw_output_contents.append(b"")
 
 
-def decode_tensors(tensors: Sequence[Any], raw_contents: Sequence[bytes]) -> dict[str, np.ndarray]:
+def output_places(request: pb.ModelInferRequest) -> dict[str, ShmTensorRef]:
+    """The requested outputs that are to be written into shared memory, by name."""
+    places: dict[str, ShmTensorRef] = {}
+    for out in request.outputs:
+        try:
+            ref = tensor_ref(out.parameters, out.name)
+        except SharedMemoryError as exc:
+            raise TensorCodecError(str(exc)) from None
+        if ref is not None:
+            places[out.name] = ref
+    return places
+
+
+def decode_tensors(
+    tensors: Sequence[Any],
+    raw_contents: Sequence[bytes],
+    regions: RegionRegistry | None = None,
+) -> dict[str, np.ndarray]:
     """Arrays from the ``inputs`` of a request or the ``outputs`` of a response.
 
     ``tensors`` are InferInputTensor or InferOutputTensor messages and ``raw_contents`` the
-    matching raw list (empty when typed contents are used). The arrays share memory with the
-    message bytes (no copy) and are read-only.
+    matching raw list (empty when typed contents are used). A tensor with the shared-memory
+    parameters (shm.py) is read in place from ``regions`` and has no raw entry, as in
+    Triton's extension; the raw entries belong to the other tensors, in order. The arrays
+    share memory with the message bytes or the region (no copy) and are read-only.
     """
-    if raw_contents and len(raw_contents) != len(tensors):
+    refs = [_shm_ref(t, regions) for t in tensors]
+    carried = [t for t, ref in zip(tensors, refs, strict=True) if ref is None]
+    if raw_contents and len(raw_contents) != len(carried):
         raise TensorCodecError(
-            f"{len(tensors)} tensors but {len(raw_contents)} raw contents entries; "
-            "the protocol needs exactly one raw entry per tensor, in order"
+            f"{len(carried)} tensors but {len(raw_contents)} raw contents entries; the protocol "
+            "needs exactly one raw entry per tensor not in shared memory, in order"
         )
+    raw_iter = iter(raw_contents)
     arrays: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(tensors):
+    for index, (tensor, ref) in enumerate(zip(tensors, refs, strict=True)):
         name = tensor.name
         if not name:
             raise TensorCodecError(f"tensor #{index} has no name")
@@ -123,23 +192,52 @@ def decode_tensors(tensors: Sequence[Any], raw_contents: Sequence[bytes]) -> dic
         dtype = wire_dtype(tensor.datatype)
         shape = _check_shape(name, tensor.shape)
         count = math.prod(shape)
-        if raw_contents:
+        if ref is not None:
+            assert regions is not None
+            _check_size(name, tensor.datatype, dtype, shape, ref.byte_size, "shared memory holds")
+            try:
+                view = regions.view(ref.region, ref.offset, ref.byte_size, name)
+            except SharedMemoryError as exc:
+                raise TensorCodecError(str(exc)) from None
+            array = np.frombuffer(view, dtype=dtype).reshape(shape)
+            array.flags.writeable = False
+            arrays[name] = array
+        elif raw_contents:
             if tensor.HasField("contents"):
                 raise TensorCodecError(
                     f"tensor {name!r} has typed contents although raw contents are used; "
                     "the protocol allows one or the other"
                 )
-            raw = raw_contents[index]
-            want = count * dtype.itemsize
-            if len(raw) != want:
-                raise TensorCodecError(
-                    f"tensor {name!r}: raw contents are {len(raw)} bytes but shape "
-                    f"{list(shape)} x {tensor.datatype} ({dtype.itemsize} B) needs {want} bytes"
-                )
+            raw = next(raw_iter)
+            _check_size(name, tensor.datatype, dtype, shape, len(raw), "raw contents are")
             arrays[name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
         else:
             arrays[name] = _decode_typed(name, tensor.datatype, dtype, shape, count, tensor)
     return arrays
+
+
+def _shm_ref(tensor: Any, regions: RegionRegistry | None) -> ShmTensorRef | None:
+    try:
+        ref = tensor_ref(tensor.parameters, tensor.name)
+    except SharedMemoryError as exc:
+        raise TensorCodecError(str(exc)) from None
+    if ref is not None and regions is None:
+        raise TensorCodecError(
+            f"tensor {tensor.name!r} names shared-memory region {ref.region!r}, but shared "
+            "memory is not available here"
+        )
+    return ref
+
+
+def _check_size(
+    name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], have: int, where: str
+) -> None:
+    want = math.prod(shape) * dtype.itemsize
+    if have != want:
+        raise TensorCodecError(
+            f"tensor {name!r}: {where} {have} bytes but shape {list(shape)} x "
+            f"{datatype} ({dtype.itemsize} B) needs {want} bytes"
+        )
 
 
 def _decode_typed(

@@ -19,6 +19,7 @@ not mix their counts); the HTTP probe server (probes.py) exposes it at ``/metric
 from __future__ import annotations
 
 import time
+import urllib.request
 from typing import Any
 
 import grpc
@@ -68,6 +69,12 @@ class ShardMetrics:
             _LABELS,
             registry=r,
         )
+        self.compute_us = Counter(
+            "nv_inference_compute_infer_duration_us",
+            "Cumulative compute inference duration in microseconds",
+            _LABELS,
+            registry=r,
+        )
         self.pending = Gauge(
             "nv_inference_pending_request_count",
             "Inference requests in the server now",
@@ -82,7 +89,13 @@ class ShardMetrics:
             registry=r,
         )
         # Series exist from the start at zero: a scrape before the first request sees them.
-        for metric in (self.success, self.count, self.exec_count, self.duration_us):
+        for metric in (
+            self.success,
+            self.count,
+            self.exec_count,
+            self.duration_us,
+            self.compute_us,
+        ):
             metric.labels(**self.labels)
         self.pending.labels(**self.labels).set(0)
 
@@ -97,6 +110,10 @@ class ShardMetrics:
             self.exec_count.labels(**labels).inc()
         else:
             self.failure.labels(**labels, reason=failure_reason(code)).inc()
+
+    def observe_compute(self, seconds: float) -> None:
+        """The model's own run time of one request (no decoding, forwarding or encoding)."""
+        self.compute_us.labels(**self.labels).inc(seconds * 1e6)
 
 
 def batch_size(request: Any) -> int:
@@ -131,3 +148,24 @@ class InstrumentedServicer:
         finally:
             pending.dec()
             self.metrics.observe(time.perf_counter() - started, batch_size(request), code)
+
+
+def scrape_compute(http_address: str, timeout_s: float = 10.0) -> tuple[float, float]:
+    """(cumulative compute µs, executions) from a shard's /metrics: what the model itself
+    took, without decoding, forwarding or encoding. Differences over an interval give the
+    served stage time per request."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://{http_address}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http only
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (_COMPUTE_SAMPLE, _EXEC_SAMPLE):
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values.get(_COMPUTE_SAMPLE, 0.0), values.get(_EXEC_SAMPLE, 0.0)
+
+
+_COMPUTE_SAMPLE = "nv_inference_compute_infer_duration_us_total"
+_EXEC_SAMPLE = "nv_inference_exec_count_total"

@@ -64,11 +64,14 @@ from gpuflow.tasks.edge.serving.client import (
     ModelMetadata,
     OipClient,
     OipError,
+    SharedMemoryMode,
     channel_options,
 )
 from gpuflow.tasks.edge.serving.codec import (
+    TensorCodecError,
     add_output,
-    build_infer_request,
+    decode_response,
+    output_places,
 )
 from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
 from gpuflow.tasks.edge.serving.metrics import InstrumentedServicer, ShardMetrics
@@ -79,6 +82,7 @@ from gpuflow.tasks.edge.serving.shard_model import (
     ModelNotFoundError,
     ShardModel,
 )
+from gpuflow.tasks.edge.serving.shm import RegionRegistry, SharedMemoryError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 log = logging.getLogger(__name__)
@@ -91,6 +95,8 @@ EXIT_STARTUP_ERROR = 2
 EXIT_INTEGRITY_ERROR = 3
 # How long readiness waits for a next hop's answer: readiness probes must stay cheap.
 _NEXT_HOP_PROBE_S = 2.0
+# What ServerMetadata lists: Triton's extension names.
+EXTENSIONS = ("system_shared_memory",)
 
 
 def _server_version() -> str:
@@ -103,11 +109,24 @@ def _server_version() -> str:
 class _NextHop:
     """The forwarding target: a client plus the next shard's input names, fetched once."""
 
-    def __init__(self, address: str, model_name: str, max_message_mb: int, timeout_s: float):
+    def __init__(
+        self,
+        address: str,
+        model_name: str,
+        max_message_mb: int,
+        timeout_s: float,
+        shared_memory: SharedMemoryMode = "auto",
+    ):
         self.address = address
         self.model_name = model_name
         self.timeout_s = timeout_s
-        self.client = OipClient(address, timeout_s=timeout_s, max_message_mb=max_message_mb)
+        # A next hop on this host gets the boundary tensor through shared memory (client.py).
+        self.client = OipClient(
+            address,
+            timeout_s=timeout_s,
+            max_message_mb=max_message_mb,
+            shared_memory=shared_memory,
+        )
         self._metadata: ModelMetadata | None = None
         self._lock = threading.Lock()
 
@@ -132,10 +151,17 @@ class _NextHop:
 class ShardServicer(pb.GRPCInferenceServiceServicer):
     """GRPCInferenceService for one ShardModel, optionally forwarding to a next hop."""
 
-    def __init__(self, model: ShardModel, next_hop: _NextHop | None = None) -> None:
+    def __init__(
+        self,
+        model: ShardModel,
+        next_hop: _NextHop | None = None,
+        metrics: ShardMetrics | None = None,
+    ) -> None:
         self.model = model
         self.next_hop = next_hop
+        self.metrics = metrics
         self.draining = False
+        self.regions = RegionRegistry()  # Triton's system shared-memory extension (shm.py)
 
     def ready(self) -> bool:
         """Serving, and (forwarding) the next hop is ready: what every probe reports."""
@@ -155,7 +181,31 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         )
 
     def ServerMetadata(self, request, context):  # noqa: N802
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=_server_version(), extensions=[])
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=_server_version(), extensions=list(EXTENSIONS)
+        )
+
+    def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
+        try:
+            self.regions.register(request.name, request.key, request.offset, request.byte_size)
+        except SharedMemoryError as exc:
+            context.abort(exc.code, str(exc))
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
+        self.regions.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
+        try:
+            regions = self.regions.status(request.name)
+        except SharedMemoryError as exc:
+            context.abort(exc.code, str(exc))
+        response = pb.SystemSharedMemoryStatusResponse()
+        for name, key, offset, byte_size in regions:
+            status = response.regions[name]
+            status.name, status.key, status.offset, status.byte_size = name, key, offset, byte_size
+        return response
 
     def ModelMetadata(self, request, context):  # noqa: N802
         if not self.model.serves(request.name, request.version):
@@ -194,12 +244,16 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         # Each step returns (code, message) on failure; context.abort raises, so it is only
         # called outside the try blocks.
         try:
-            inputs = self.model.decode_inputs(request)
+            inputs = self.model.decode_inputs(request, self.regions)
             wanted = (
                 list(self.model.outputs)
                 if self.next_hop is not None
                 else self.model.requested_outputs(request)
             )
+            places = output_places(request)
+        except TensorCodecError as exc:
+            log.info("rejected request %r: %s", request.id, exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ModelNotFoundError as exc:
             log.info("rejected request %r: %s", request.id, exc)
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
@@ -215,20 +269,32 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
                 context.abort(*failure)
             forwarded.id = request.id
             log.debug("request %r forwarded in %.1f ms", request.id, _ms_since(started))
-            return forwarded
+            if not places:
+                return forwarded
+            # The caller's shared memory is registered here, not at the last shard.
+            model_name, outputs = forwarded.model_name, decode_response(forwarded)
+        else:
+            model_name = self.model.name
         response = pb.ModelInferResponse(
-            model_name=self.model.name, model_version=self.model.version, id=request.id
+            model_name=model_name, model_version=self.model.version, id=request.id
         )
-        for name, array in outputs.items():
-            add_output(response, name, array)
+        try:
+            for name, array in outputs.items():
+                add_output(response, name, array, places.get(name), self.regions)
+        except TensorCodecError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         log.debug("request %r served in %.1f ms", request.id, _ms_since(started))
         return response
 
     def _run(
         self, inputs: dict[str, np.ndarray], wanted: list[str]
     ) -> tuple[tuple[grpc.StatusCode, str] | None, dict[str, np.ndarray]]:
+        started = time.perf_counter()
         try:
-            return None, self.model.run(inputs, wanted)
+            outputs = self.model.run(inputs, wanted)
+            if self.metrics is not None:
+                self.metrics.observe_compute(time.perf_counter() - started)
+            return None, outputs
         except OrtInvalidArgument as exc:
             # e.g. a variable dimension the graph cannot take: still the caller's input.
             return (grpc.StatusCode.INVALID_ARGUMENT, f"model {self.model.name!r}: {exc}"), {}
@@ -247,13 +313,15 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
             return (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before forwarding"), None
         try:
             next_inputs = map_outputs_to_inputs(outputs, hop.input_names())
-            forward = build_infer_request(
+            # Outputs by name only: a caller's shared-memory places are this server's.
+            response = hop.client.infer_response(
                 hop.model_name,
                 next_inputs,
                 [o.name for o in request.outputs],
                 request_id=request.id,
+                timeout_s=timeout_s,
             )
-            return None, hop.client.infer_request(forward, timeout_s=timeout_s)
+            return None, response
         except OipError as exc:
             return (
                 exc.code,
@@ -304,6 +372,7 @@ class ShardServer:
             self.http.stop()
         if self.servicer.next_hop is not None:
             self.servicer.next_hop.client.close()
+        self.servicer.regions.close()
 
     def __enter__(self) -> ShardServer:
         return self
@@ -334,6 +403,7 @@ def start_shard_server(
     forward_timeout_s: float = 60.0,
     providers: Sequence[str] = (),
     http_port: int | None = None,
+    shared_memory: SharedMemoryMode = "auto",
 ) -> ShardServer:
     """Verify and load the shard, then serve it; ``port=0`` picks a free port.
 
@@ -342,7 +412,9 @@ def start_shard_server(
     ``extra["next_model"]``. Raises ShardIntegrityError on a sha256 mismatch, ManifestError
     or ValueError on any other bad shard or argument, OSError if the port cannot be bound.
     ``http_port``: also serve the HTTP probes and /metrics there (0: a free port; None: no
-    HTTP). grpc.health.v1 is always on the OIP port (probes.py).
+    HTTP). grpc.health.v1 is always on the OIP port (probes.py). ``shared_memory``: how a
+    forwarding shard hands tensors to its next hop ("auto": through shared memory when that
+    is on this host; "off": always raw contents).
     """
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
@@ -365,13 +437,15 @@ def start_shard_server(
                 "name: pass forward_model (--forward-model) or set extra['next_model'] in the "
                 "manifest"
             )
-        next_hop = _NextHop(hop_address, str(next_model), max_message_mb, forward_timeout_s)
-    servicer = ShardServicer(model, next_hop)
+        next_hop = _NextHop(
+            hop_address, str(next_model), max_message_mb, forward_timeout_s, shared_memory
+        )
+    metrics = ShardMetrics(model.name, model.version)
+    servicer = ShardServicer(model, next_hop, metrics)
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"oip-{model.name}"),
         options=options,
     )
-    metrics = ShardMetrics(model.name, model.version)
     pb.add_GRPCInferenceServiceServicer_to_server(InstrumentedServicer(servicer, metrics), server)
     health = add_health(server, servicer.ready)
     bind = f"{_bracket(host)}:{port}"
@@ -454,6 +528,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--http-port", type=int, default=None, help="HTTP probes and /metrics (0: any port)"
     )
     parser.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads")
+    parser.add_argument(
+        "--shared-memory",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="hand tensors to the next hop through shared memory (auto: when it is local)",
+    )
     parser.add_argument("--max-message-mb", type=int, default=DEFAULT_MAX_MESSAGE_MB)
     parser.add_argument("--grace-s", type=float, default=5.0, help="shutdown grace period")
     parser.add_argument("--log-level", default="INFO")
@@ -483,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             intra_op_threads=args.intra_op_threads,
             max_message_mb=args.max_message_mb,
             http_port=args.http_port,
+            shared_memory=args.shared_memory,
         )
     except ShardIntegrityError as exc:
         print(f"gpuflow shard server: refusing to start: {exc}", file=sys.stderr)

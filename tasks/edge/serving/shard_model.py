@@ -13,6 +13,7 @@ import onnxruntime as ort
 from gpuflow.tasks.edge.manifest import ManifestError, ShardManifest, TensorSpec, verify_shard
 from gpuflow.tasks.edge.serving.codec import TensorCodecError, decode_tensors
 from gpuflow.tasks.edge.serving.proto import oip as pb
+from gpuflow.tasks.edge.serving.shm import RegionRegistry
 
 # onnxruntime's type strings for the datatypes a manifest can declare.
 _ORT_TO_KSERVE = {
@@ -80,6 +81,18 @@ def _check_against_session(
             )
 
 
+def served_session_options(intra_op_threads: int = 0) -> ort.SessionOptions:
+    """The onnxruntime session a shard is served in: full graph optimisation (onnxruntime's
+    default), ``intra_op_threads`` (0: as many as this process may really use, not every
+    core of the host: a container limited to 2 CPUs on a 64-core node would otherwise spin
+    64 threads). The planner times shards in this same session (served_profile.py), so a
+    predicted stage is what the server will take."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(intra_op_threads) or cpu_quota_threads()
+    options.log_severity_level = 3  # errors only: per-run warnings would flood the log
+    return options
+
+
 class ShardModel:
     """A verified shard loaded into onnxruntime, with the request checks of its manifest."""
 
@@ -89,11 +102,7 @@ class ShardModel:
         self.shard_dir = Path(shard_dir)
         # verify_shard raises ShardIntegrityError before any byte of the model is parsed.
         self.manifest = verify_shard(self.shard_dir)
-        options = ort.SessionOptions()
-        # 0: as many as this process may really use, not every core of the host (a
-        # container limited to 2 CPUs on a 64-core node would otherwise spin 64 threads).
-        options.intra_op_num_threads = int(intra_op_threads) or cpu_quota_threads()
-        options.log_severity_level = 3  # errors only: per-run warnings would flood the log
+        options = served_session_options(intra_op_threads)
         available = ort.get_available_providers()
         chosen = [p for p in providers if p in available] or ["CPUExecutionProvider"]
         try:
@@ -145,9 +154,11 @@ class ShardModel:
                 f"model {self.name!r} has no version {request.model_version!r}; version: {have}"
             )
 
-    def decode_inputs(self, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+    def decode_inputs(
+        self, request: pb.ModelInferRequest, regions: RegionRegistry | None = None
+    ) -> dict[str, np.ndarray]:
         """The request's input arrays, every check done first; InvalidRequestError naming
-        the first problem otherwise."""
+        the first problem otherwise. Inputs in shared memory are read from ``regions``."""
         self._check_model(request)
         seen: set[str] = set()
         for tensor in request.inputs:
@@ -178,7 +189,7 @@ class ShardModel:
         if missing:
             raise InvalidRequestError(f"model {self.name!r}: inputs {missing} are missing")
         try:
-            return decode_tensors(request.inputs, request.raw_input_contents)
+            return decode_tensors(request.inputs, request.raw_input_contents, regions)
         except TensorCodecError as exc:
             raise InvalidRequestError(str(exc)) from None
 

@@ -106,7 +106,7 @@ def test_served_chain_equals_whole_model(exported_digits, digits_profile, mode) 
 def test_too_many_shards_is_refused(exported_digits, digits_profile) -> None:
     nodes = [EdgeNode(name=f"n{i}") for i in range(25)]  # resnet18 has 20 cut points
     with pytest.raises(PartitionError, match="k=25 shards need 24 single-tensor cut points"):
-        plan_shards(exported_digits, digits_profile, nodes)
+        plan_shards(exported_digits, digits_profile, nodes, 25)
 
 
 def test_model_without_a_single_tensor_cut(tmp_path: Path, digits_profile) -> None:
@@ -125,7 +125,7 @@ def test_model_without_a_single_tensor_cut(tmp_path: Path, digits_profile) -> No
         "resnet18-digits", path, 18, "input", "output", (1, 4), "float32", 0, "test"
     )
     with pytest.raises(CutError, match="no single-tensor cut point"):
-        plan_shards(exported, digits_profile, default_nodes(2))
+        plan_shards(exported, digits_profile, default_nodes(2), 2)
 
 
 def test_unreachable_node_fails_before_anything_starts(exported_digits, digits_profile) -> None:

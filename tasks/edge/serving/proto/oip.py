@@ -61,6 +61,12 @@ ModelInferRequest: Any
 ModelInferResponse: Any
 InferParameter: Any
 InferTensorContents: Any
+SystemSharedMemoryStatusRequest: Any
+SystemSharedMemoryStatusResponse: Any
+SystemSharedMemoryRegisterRequest: Any
+SystemSharedMemoryRegisterResponse: Any
+SystemSharedMemoryUnregisterRequest: Any
+SystemSharedMemoryUnregisterResponse: Any
 
 # method name -> (request class, response class), in the protocol's order.
 METHODS: dict[str, tuple[Any, Any]] = {

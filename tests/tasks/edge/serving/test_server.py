@@ -37,7 +37,11 @@ def test_health_and_metadata_rpcs(head: ShardServer, client: OipClient) -> None:
     assert client.model_ready("mlp-shard1") is False  # served elsewhere, not here
     assert client.model_ready("mlp-shard0", version="7") is False
     server = client.server_metadata()
-    assert server.name == SERVER_NAME and server.version and server.extensions == ()
+    assert (
+        server.name == SERVER_NAME
+        and server.version
+        and server.extensions == ("system_shared_memory",)
+    )
     meta = client.model_metadata("mlp-shard0")
     assert meta.name == "mlp-shard0" and meta.platform == PLATFORM and meta.versions == ()
     assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("x", "FP32", (-1, 4))]

@@ -20,6 +20,10 @@ def test_wire_names_are_the_protocols() -> None:
         "ServerMetadata",
         "ModelMetadata",
         "ModelInfer",
+        # Triton's system shared-memory extension (shm.py)
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
     ]
     request = pb.ModelInferRequest.DESCRIPTOR.fields_by_name
     assert request["raw_input_contents"].number == 7

@@ -4,6 +4,8 @@ forwarding chain's head."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -88,3 +90,54 @@ def test_tritonclient_sees_a_bad_request_refused(mlp_servers) -> None:
     finally:
         client.close()
     assert "INVALID_ARGUMENT" in str(err.value.status())
+
+
+def test_the_shared_memory_messages_are_tritons() -> None:
+    """Field names, numbers and types of the extension's messages, as Triton defines them."""
+
+    def fields(descriptor) -> list[tuple[str, int, int, int]]:
+        out = [(f.name, f.number, f.type, f.label) for f in descriptor.fields]
+        for nested in descriptor.nested_types:
+            out += [(f"{nested.name}.{n}", *rest) for n, *rest in fields(nested)]
+        return sorted(out)
+
+    for name in (
+        "SystemSharedMemoryStatusRequest",
+        "SystemSharedMemoryStatusResponse",
+        "SystemSharedMemoryRegisterRequest",
+        "SystemSharedMemoryRegisterResponse",
+        "SystemSharedMemoryUnregisterRequest",
+        "SystemSharedMemoryUnregisterResponse",
+    ):
+        ours = getattr(oip, name).DESCRIPTOR
+        assert fields(ours) == fields(getattr(triton_pb, name).DESCRIPTOR), name
+
+
+def test_tritonclient_shared_memory_against_a_shard(mlp, mlp_whole) -> None:
+    """tritonclient's own shared-memory utilities: input and output in system shared
+    memory registered with our server, nothing but metadata on the wire."""
+    import tritonclient.utils.shared_memory as triton_shm
+
+    key = f"/gpuflow-tritonclient-{os.getpid()}"
+    handle = triton_shm.create_shared_memory_region("tc-region", key, 4096)
+    client = triton.InferenceServerClient(url=mlp_whole.address)
+    try:
+        triton_shm.set_shared_memory_region(handle, [X])
+        client.register_system_shared_memory("tc-region", key, 4096)
+        status = client.get_system_shared_memory_status(as_json=True)
+        assert status["regions"]["tc-region"]["key"] == key
+        tensor = triton.InferInput("x", list(X.shape), "FP32")
+        tensor.set_shared_memory("tc-region", X.nbytes)
+        wanted = triton.InferRequestedOutput("y")
+        wanted.set_shared_memory("tc-region", 3 * 3 * 4, offset=1024)
+        result = client.infer("mlp-whole", [tensor], outputs=[wanted])
+        out = result.get_output("y")
+        assert out.parameters["shared_memory_region"].string_param == "tc-region"
+        assert not any(result.get_response().raw_output_contents)  # nothing on the wire
+        y = triton_shm.get_contents_as_numpy(handle, np.float32, [3, 3], offset=1024)
+        np.testing.assert_array_equal(y, mlp.reference({"x": X})["y"])
+        client.unregister_system_shared_memory("tc-region")
+        assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
+    finally:
+        client.close()
+        triton_shm.destroy_shared_memory_region(handle)

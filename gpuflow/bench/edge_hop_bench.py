@@ -1,0 +1,206 @@
+"""The cost of one hop of a served chain: `gpuflow bench edge`'s first part.
+
+A chain of k shard servers (separate processes, forwarding, as deployed) passes one FP32
+activation of 1.6 MB (ResNet-50's stage-2 boundary, [1, 512, 28, 28]) from shard to shard;
+each shard multiplies it by one (the last also sums it), so the compute is small and
+measured by the shards themselves (``nv_inference_compute_infer_duration_us`` on their
+/metrics). A request makes k hops carrying the tensor (client -> shard 0 -> ... -> shard
+k-1), and the per-hop overhead is
+
+    (chain latency - sum of the shards' compute) / k
+
+Two transports, served at once and measured interleaved (request r goes to each before
+request r+1, so load from elsewhere falls on both alike): ``raw`` (the tensor in the gRPC
+message, as across hosts) and ``shared memory`` (Triton's system shared-memory extension:
+the message carries only a reference; serving/shm.py). Rounds give a spread: the figure is
+the mean over rounds with a 95 % t interval. The machine's load average is reported with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpuflow.bench.figures import ci95
+
+Report = Callable[[str], None]
+SHAPE = (1, 512, 28, 28)  # 1,605,632 bytes in FP32
+TRANSPORTS = {"raw": "off", "shared memory": "auto"}
+
+
+def _shard_models(k: int, root: Path) -> list[Path]:
+    """k shard folders: t_i -> Mul(1) -> t_{i+1}; the last also sums to [1, 1]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
+
+    dirs = []
+    for i in range(k):
+        last = i == k - 1
+        nodes = [helper.make_node("Mul", [f"t{i}", "one"], ["y" if not last else "m"])]
+        inits = [numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one")]
+        out_name, out_shape = f"t{i + 1}", list(SHAPE)
+        if last:
+            nodes.append(helper.make_node("ReduceSum", ["m", "axes"], ["sum"], keepdims=0))
+            inits.append(numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "axes"))
+            out_name, out_shape = "sum", [SHAPE[0]]
+        else:
+            nodes[0].output[0] = out_name
+        graph = helper.make_graph(
+            nodes,
+            f"hop{i}",
+            [helper.make_tensor_value_info(f"t{i}", TensorProto.FLOAT, list(SHAPE))],
+            [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_shape)],
+            inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        shard_dir = root / f"hop-shard{i}"
+        shard_dir.mkdir(parents=True)
+        onnx.save(model, shard_dir / "model.onnx")
+        save_manifest(
+            ShardManifest(
+                model_name=f"hop-shard{i}",
+                shard_index=i,
+                num_shards=k,
+                onnx_file="model.onnx",
+                sha256=file_sha256(shard_dir / "model.onnx"),
+                inputs=[TensorSpec(f"t{i}", SHAPE, "FP32")],
+                outputs=[TensorSpec(out_name, tuple(out_shape), "FP32")],
+                opset=17,
+            ),
+            shard_dir,
+        )
+        dirs.append(shard_dir)
+    return dirs
+
+
+@dataclass
+class _Chain:
+    label: str
+    processes: list[Any]
+    http: list[str]
+    infer: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+    close: Callable[[], None]
+    rounds: list[dict[str, float]] = field(default_factory=list)
+
+    def compute_us(self) -> tuple[float, float]:
+        """(total compute µs, executions) summed over the shards, from their /metrics."""
+        from gpuflow.tasks.edge.serving.metrics import scrape_compute
+
+        pairs = [scrape_compute(address) for address in self.http]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def _start_chain(label: str, dirs: list[Path], shared_memory: str, cores: list[int]) -> _Chain:
+    from gpuflow.tasks.edge.serving.client import OipClient
+    from gpuflow.tasks.edge.serving.process import start_shard_process
+
+    processes: list[Any] = []
+    http: list[str] = []
+    try:
+        next_address, next_model = "", None
+        for i, shard_dir in reversed(list(enumerate(dirs))):
+            args = ["--intra-op-threads", "1", "--http-port", "0"]
+            args += ["--shared-memory", shared_memory, "--log-level", "WARNING"]
+            proc = start_shard_process(
+                shard_dir, forward_to=next_address, forward_model=next_model, extra_args=args
+            )
+            processes.insert(0, proc)
+            os.sched_setaffinity(proc.pid, {cores[i % len(cores)]})
+            http.insert(0, proc.ready_line.split("http=")[1].split()[0])
+            next_address, next_model = proc.address, proc.model_name
+        client = OipClient(processes[0].address, timeout_s=60.0, shared_memory=shared_memory)  # type: ignore[arg-type]
+    except BaseException:
+        for proc in processes:
+            proc.stop()
+        raise
+
+    def infer(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return client.infer("hop-shard0", x)
+
+    def close() -> None:
+        client.close()
+        for proc in processes:
+            proc.stop()
+
+    return _Chain(label, processes, http, infer, close)
+
+
+def run(k: int = 4, requests: int = 100, rounds: int = 5, report: Report = print) -> dict[str, Any]:
+    """Per-hop overhead of each transport at 1.6 MB; see the module docstring."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = list(range(os.cpu_count() or 1))
+    root = Path(tempfile.mkdtemp(prefix="gpuflow-hop-bench-"))
+    chains: list[_Chain] = []
+    x = {"t0": np.random.default_rng(0).standard_normal(SHAPE, dtype=np.float32)}
+    want = float(x["t0"].sum(dtype=np.float64))
+    load_before = os.getloadavg()
+    try:
+        dirs = _shard_models(k, root)
+        for label, mode in TRANSPORTS.items():
+            report(f"hop: start a {k}-shard chain ({label})")
+            chains.append(_start_chain(label, dirs, mode, cores))
+        for chain in chains:  # warm-up, and a check that the chain computes what it should
+            for _ in range(5):
+                got = float(chain.infer(x)["sum"][0])
+            if not np.isclose(got, want, rtol=1e-4, atol=1e-2):
+                raise RuntimeError(f"hop chain ({chain.label}) returned {got}, expected {want}")
+        for r in range(rounds):
+            report(f"hop: round {r + 1}/{rounds}, {requests} interleaved requests")
+            start = {c.label: c.compute_us() for c in chains}
+            lat: dict[str, list[float]] = {c.label: [] for c in chains}
+            for _ in range(requests):
+                for chain in chains:
+                    t0 = time.perf_counter()
+                    chain.infer(x)
+                    lat[chain.label].append(time.perf_counter() - t0)
+            for chain in chains:
+                (c0, e0), (c1, e1) = start[chain.label], chain.compute_us()
+                compute_ms = (c1 - c0) / 1e3 / ((e1 - e0) / k)  # per request, all shards
+                mean_ms = statistics.mean(lat[chain.label]) * 1e3
+                chain.rounds.append(
+                    {
+                        "latency_mean_ms": mean_ms,
+                        "latency_p50_ms": statistics.median(lat[chain.label]) * 1e3,
+                        "compute_ms": compute_ms,
+                        "per_hop_ms": (mean_ms - compute_ms) / k,
+                    }
+                )
+    finally:
+        for chain in chains:
+            chain.close()
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {
+        "tensor_bytes": int(np.prod(SHAPE)) * 4,
+        "shards": k,
+        "hops_per_request": k,
+        "requests_per_round": requests,
+        "rounds": rounds,
+        "cores": len(cores),
+        "load_avg_1m_before": load_before[0],
+        "load_avg_1m_after": os.getloadavg()[0],
+    }
+    for chain in chains:
+        hops = [r["per_hop_ms"] for r in chain.rounds]
+        out[chain.label] = {
+            "per_hop_ms": statistics.mean(hops),
+            "per_hop_ci95_ms": ci95(hops),
+            "chain_latency_ms": statistics.mean(r["latency_mean_ms"] for r in chain.rounds),
+            "chain_p50_ms": statistics.median(r["latency_p50_ms"] for r in chain.rounds),
+            "compute_ms": statistics.mean(r["compute_ms"] for r in chain.rounds),
+            "rounds": chain.rounds,
+        }
+    return out
