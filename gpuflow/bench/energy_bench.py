@@ -139,6 +139,8 @@ def _dvfs_arm(steps: int, rep: int, parent: str, expected_s: float) -> dict[str,
     row["controller_decisions"] = len(mine)
     if mine:
         row["controller_power_limit_w"] = mine[-1]["chosen"]["setting"]
+        row["controller_decisions_w"] = [d["chosen"]["setting"] for d in mine]
+        row["controller_noise"] = [d["noise"] for d in mine]
     return row
 
 
@@ -146,11 +148,33 @@ def _ci95(xs: list[float]) -> float:
     return 1.96 * statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
 
 
+# The jobs' torch threads: one, so the host's other work (the dvfs arm's controller
+# process, the Prefect servers) has a core of its own instead of stalling every op of a
+# two-thread job on a two-core host (docs/energy.md: the controller's process competed
+# only in the dvfs arm).
+JOB_THREADS = 1
+
+
 def twin_part(report: Report, seconds: float, reps: int) -> dict[str, Any]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(JOB_THREADS, threads))
+    try:
+        return _twin_part(report, seconds, reps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _twin_part(report: Report, seconds: float, reps: int) -> dict[str, Any]:
+    import torch
+
     from gpuflow.tasks import tracking
 
     parent = tracking.open_run(
-        EXPERIMENT, "bench-energy", params={"seconds_per_job": seconds, "reps": reps}
+        EXPERIMENT,
+        "bench-energy",
+        params={"seconds_per_job": seconds, "reps": reps, "torch_threads": torch.get_num_threads()},
     )
     runs: list[dict[str, Any]] = []
     arms = ["max", "tune", "dvfs"]
@@ -167,7 +191,11 @@ def twin_part(report: Report, seconds: float, reps: int) -> dict[str, Any]:
                 else:
                     runs.append(_arm(arm, steps, rep, parent))
         base = {r["rep"]: r for r in runs if r["arm"] == "max"}
-        summary: dict[str, Any] = {"steps": steps, "runs": runs}
+        summary: dict[str, Any] = {
+            "steps": steps,
+            "torch_threads": torch.get_num_threads(),
+            "runs": runs,
+        }
         for arm in arms[1:]:
             mine = [r for r in runs if r["arm"] == arm]
             saving = [1 - r["energy_j"] / base[r["rep"]]["energy_j"] for r in mine]

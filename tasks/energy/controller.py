@@ -36,7 +36,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from gpuflow.hardware.backend import Backend, HardwareError, InvalidRequestError
 from gpuflow.hardware.inventory import Inventory, JobProgress, JobState, SettingsConflictError
@@ -61,6 +61,10 @@ from gpuflow.tasks.energy.tuner import DEFAULT_GRID_STEP_W, power_limit_grid
 MIN_INTERVAL_S = 5.0  # the seed's advice; the energy counter needs seconds
 DEFAULT_HYSTERESIS = 0.10  # relative change of time or power per unit that counts as drift
 DEFAULT_DRIFT_INTERVALS = 3  # drifted intervals in a row before a new search
+# Intervals measured at the highest setting before the first lower one: their mean is the
+# reference, their spread the noise that guards every comparison and the drift test
+# (optimizer.GUARD_Z, DRIFT_Z). They cost the job no time: it runs at full speed.
+DEFAULT_REFERENCE_INTERVALS = 3
 TTL_INTERVALS = 4  # the hold outlives this many missed ticks before it goes stale
 Slot = tuple[str, int]
 
@@ -87,6 +91,7 @@ class _Device:
     window: _Reading | None = None
     choice: Choice | None = None
     drift: int = 0
+    reference: list[Measurement] = field(default_factory=list)  # the highest setting's windows
 
 
 def _check_number(value: object, what: str, lo: float, *, integer: bool = False) -> float:
@@ -128,9 +133,13 @@ class DvfsController:
         grid_step_w: float = DEFAULT_GRID_STEP_W,
         margin: float = DEFAULT_MARGIN,
         max_probes: int | None = None,
+        reference_intervals: int = DEFAULT_REFERENCE_INTERVALS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.interval_s = check_interval_s(interval_s)
+        self.reference_intervals = int(
+            _check_number(reference_intervals, "reference_intervals", 1, integer=True)
+        )
         self.hysteresis = _check_number(hysteresis, "hysteresis", 0.0)
         self.drift_intervals = int(
             _check_number(drift_intervals, "drift_intervals", 1, integer=True)
@@ -263,8 +272,15 @@ class DvfsController:
             self._event(report, slot, job_id, "waiting", "no progress in the window yet")
             return  # the window stays open: the next tick measures a longer one
         if dev.phase == "measure":
-            dev.search.tell(m)
             self._event(report, slot, job_id, "measured", _describe(m), dev.setting_w)
+            if dev.search.probes:
+                dev.search.tell(m)
+            else:  # the reference: several intervals at once, for its noise too
+                dev.reference.append(m)
+                if len(dev.reference) < self.reference_intervals:
+                    dev.window = reading  # the same setting: the next window starts here
+                    return
+                dev.search.tell_reference(dev.reference)
             nxt = dev.search.next_probe()
             if nxt is not None:
                 self._apply(slot, dev, nxt, "settle", reading)

@@ -39,6 +39,8 @@ CLAIM_TIMEOUT_S = 60.0
 CLAIM_POLL_S = 0.5
 # When the tuner searches again: this many windows in a row off by more than the tolerance.
 TUNER_DRIFT: dict[str, float | int] = {"drift_tolerance": 0.25, "drift_windows": 3}
+# Windows at the highest limit that make the tuner's reference and measure its noise.
+TUNER_REFERENCE_WINDOWS = 3
 # The tuner's phases, (at least steps, at least seconds) each (tasks.energy.tuner).
 TUNER_PHASES: dict[str, tuple[int, float]] = {
     "warmup": (5, 2.0),
@@ -81,6 +83,7 @@ class JobEnergy:
                 index,
                 Objective(slowdown=spec.energy_slowdown),
                 on_setting_change=on_setting_change,
+                reference_windows=TUNER_REFERENCE_WINDOWS,
                 **TUNER_PHASES,
                 **TUNER_DRIFT,
             )

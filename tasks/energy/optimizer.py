@@ -53,6 +53,17 @@ DEFAULT_SLOWDOWN = 0.10
 DEFAULT_MARGIN = 0.06  # docs/energy.md: the margin sweep on the four Zeus traces
 PATIENCE = 2  # eta descent: steps without a cheaper point before it stops
 PRIOR_EXPONENT = 0.6  # k before any point below the knee is measured
+# A comparison of two windows is only as sure as their noise: a setting counts within the
+# bound when its measured slowdown clears it by GUARD_Z standard deviations of a two-window
+# ratio (sqrt(2) * one window's relative spread). Without it, the least-energy point
+# "measured within the bound" is the one whose window happened to run fast (the winner's
+# curse): on the twin's V100 on a 2-core host, 225 and 200 W (+10 % and +15 % on the twin)
+# were chosen from 2-second windows that read them at -0.1 % (docs/energy.md).
+GUARD_Z = 1.0
+# A window at the chosen setting has drifted when it differs by more than DRIFT_Z standard
+# deviations of a two-window ratio (or the caller's tolerance, if larger): host noise alone
+# must not start a new search.
+DRIFT_Z = 3.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class Choice:
     reference: Measurement  # the highest setting
     probes: list[Measurement] = field(default_factory=list)  # in the order measured
     exponent: float = PRIOR_EXPONENT
+    noise: float = 0.0  # one window's relative spread at the reference (window_noise)
 
     @property
     def energy_saving(self) -> float:
@@ -114,14 +126,19 @@ class Choice:
     def slowdown(self) -> float:
         return self.chosen.time_s / self.reference.time_s - 1.0
 
+    def drift_tolerance(self, tolerance: float = 0.10) -> float:
+        """What a later window may differ by before it counts as drifted: ``tolerance``, or
+        DRIFT_Z times the noise of a two-window ratio measured at the reference if larger."""
+        return max(tolerance, DRIFT_Z * math.sqrt(2.0) * self.noise)
+
     def drifted(self, m: Measurement, tolerance: float = 0.10) -> bool:
         """True when ``m``, measured later at the chosen setting, says the workload (or
-        the device) changed: its time or power moved by more than ``tolerance``."""
+        the device) changed: its time or power moved by more than ``drift_tolerance``."""
         if m.setting != self.chosen.setting:
             raise ValueError(f"{m.setting} is not the chosen setting {self.chosen.setting}")
-        return (
-            abs(m.time_s / self.chosen.time_s - 1.0) > tolerance
-            or abs(m.power_w / self.chosen.power_w - 1.0) > tolerance
+        tol = self.drift_tolerance(tolerance)
+        return abs(m.time_s / self.chosen.time_s - 1.0) > tol or (
+            abs(m.power_w / self.chosen.power_w - 1.0) > tol
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +149,7 @@ class Choice:
             "reference": asdict(self.reference),
             "probes": [asdict(p) for p in self.probes],
             "exponent": self.exponent,
+            "noise": self.noise,
             "energy_saving": self.energy_saving,
             "slowdown": self.slowdown,
         }
@@ -165,6 +183,7 @@ class SettingSearch:
         if self.max_probes < 1:
             raise ValueError(f"max_probes must be >= 1, got {max_probes!r}")
         self.probes: list[Measurement] = []
+        self.noise = 0.0  # set by tell_reference
 
     # -- ask / tell ---------------------------------------------------------------------
 
@@ -187,17 +206,42 @@ class SettingSearch:
             raise ValueError(f"measure the highest setting {self.grid[-1]:g} first")
         self.probes.append(m)
 
+    def tell_reference(self, windows: Sequence[Measurement]) -> None:
+        """The highest setting, measured in several windows: their mean is the reference,
+        their spread the noise every later comparison is guarded by (GUARD_Z, DRIFT_Z)."""
+        self.tell(pooled(windows))
+        self.noise = window_noise(windows)
+
     def choice(self) -> Choice:
         if not self.probes:
             raise ValueError("nothing measured yet")
         ref = self.probes[0]
         if self.objective.slowdown is not None:
-            bound = (1.0 + self.objective.slowdown) * ref.time_s
-            ok = [p for p in self.probes if p.time_s <= bound]
-            chosen = min(ok, key=lambda p: (p.energy_j, -p.setting))
+            chosen = min(self._within_bound(), key=lambda p: (p.energy_j, -p.setting))
         else:
             chosen = min(self.probes, key=lambda p: (self._cost(p), -p.setting))
-        return Choice(self.knob, self.objective, chosen, ref, list(self.probes), self.exponent())
+        return Choice(
+            self.knob,
+            self.objective,
+            chosen,
+            ref,
+            list(self.probes),
+            self.exponent(),
+            self.noise,
+        )
+
+    def bound_ratio(self) -> float:
+        """The time ratio to the reference a measured point must keep to count within the
+        bound: 1 + slowdown, less the guard against the measured noise (GUARD_Z)."""
+        slowdown = self.objective.slowdown or 0.0
+        return (1.0 + slowdown) * math.exp(-GUARD_Z * math.sqrt(2.0) * self.noise)
+
+    def _within_bound(self) -> list[Measurement]:
+        """The reference (always: it is the bound's own point) and every probe that keeps
+        the guarded bound."""
+        ref = self.probes[0]
+        bound = self.bound_ratio() * ref.time_s
+        return [ref] + [p for p in self.probes[1:] if p.time_s <= bound]
 
     # -- the model ----------------------------------------------------------------------
 
@@ -229,12 +273,11 @@ class SettingSearch:
         return [s for s in self.grid if s not in tried]
 
     def _next_within_bound(self, slowdown: float) -> float | None:
-        t0 = self.probes[0].time_s
-        bound = (1.0 + slowdown) * t0
-        lowest_ok = min(p.setting for p in self.probes if p.time_s <= bound)
-        too_slow = [p.setting for p in self.probes if p.time_s > bound and p.setting < lowest_ok]
+        ok = self._within_bound()
+        lowest_ok = min(p.setting for p in ok)
+        too_slow = [p.setting for p in self.probes if p not in ok and p.setting < lowest_ok]
         floor = max(too_slow, default=-math.inf)
-        limit = 1.0 + slowdown + self.margin
+        limit = self.bound_ratio() + self.margin
         for s in self._untried():  # ascending: the lowest that qualifies
             if floor < s < lowest_ok and self.predicted_time_ratio(s) <= limit:
                 return s
@@ -262,6 +305,29 @@ class SettingSearch:
             return None
         lower = [s for s in self._untried() if s < last.setting]
         return lower[-1] if lower else None
+
+
+def pooled(windows: Sequence[Measurement]) -> Measurement:
+    """Several windows at one setting as one measurement: their mean per unit."""
+    if not windows or len({w.setting for w in windows}) != 1:
+        raise ValueError(f"windows must be one or more at one setting, got {list(windows)!r}")
+    n = len(windows)
+    return Measurement(
+        windows[0].setting,
+        sum(w.time_s for w in windows) / n,
+        sum(w.energy_j for w in windows) / n,
+    )
+
+
+def window_noise(windows: Sequence[Measurement]) -> float:
+    """One window's relative spread at one setting: the sample standard deviation of the
+    log of time per unit over the windows (0 with fewer than two). Time, not energy: on a
+    device whose power sits at its cap, energy per unit moves with time."""
+    if len(windows) < 2:
+        return 0.0
+    logs = [math.log(w.time_s) for w in windows]
+    mean = sum(logs) / len(logs)
+    return math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
 
 
 def search(

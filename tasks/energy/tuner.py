@@ -33,6 +33,11 @@ from gpuflow.tasks.energy.optimizer import Choice, Measurement, Objective, Setti
 from gpuflow.tasks.energy.settings import DeviceSettings
 
 DEFAULT_GRID_STEP_W = 25.0  # Zeus's traces step power limits by 25 W
+# Windows measured at the highest limit before the first lower one: their mean is the
+# reference and their spread the noise the search guards its comparisons by
+# (optimizer.GUARD_Z, DRIFT_Z). They cost no time against the bound: the job runs at full
+# speed meanwhile.
+DEFAULT_REFERENCE_WINDOWS = 3
 
 
 def power_limit_grid(limits: PowerLimits, step_w: float = DEFAULT_GRID_STEP_W) -> list[float]:
@@ -115,12 +120,21 @@ class InTrainingTuner:
         grid_step_w: float = DEFAULT_GRID_STEP_W,
         drift_tolerance: float = 0.25,
         drift_windows: int = 3,
+        reference_windows: int = DEFAULT_REFERENCE_WINDOWS,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not 0 < drift_tolerance or isinstance(drift_windows, bool) or drift_windows < 1:
             raise InvalidRequestError(
                 f"drift_tolerance must be > 0 and drift_windows >= 1, got {drift_tolerance!r}, "
                 f"{drift_windows!r}"
+            )
+        if (
+            isinstance(reference_windows, bool)
+            or not isinstance(reference_windows, int)
+            or reference_windows < 1
+        ):
+            raise InvalidRequestError(
+                f"reference_windows must be an integer >= 1, got {reference_windows!r}"
             )
         for name, (steps, seconds) in (("warmup", warmup), ("settle", settle), ("probe", probe)):
             least = 1 if name == "probe" else 0
@@ -135,6 +149,8 @@ class InTrainingTuner:
         self.objective = objective
         self.search = SettingSearch(self.grid, objective)
         self.drift_tolerance, self.drift_windows = drift_tolerance, drift_windows
+        self.reference_windows = reference_windows
+        self._reference: list[Measurement] = []  # the highest limit's windows so far
         self._drifted = 0  # windows in a row that disagree with the choice
         self.decisions: list[Choice] = []  # every choice, the re-decisions included
         self.on_setting_change = on_setting_change or (lambda: None)
@@ -171,8 +187,16 @@ class InTrainingTuner:
                 self._start_measuring(step)
         elif self._over(step, self.probe):
             m = self.meter.stop(self._setting, step - self._measured_from)
-            self.search.tell(m)
             self.events.append(TunerEvent(step, "probe", m.setting, m.time_s, m.energy_j))
+            if self.search.probes:
+                self.search.tell(m)
+            else:  # the reference: several windows back to back, for its noise too
+                self._reference.append(m)
+                if len(self._reference) < self.reference_windows:
+                    self._start_measuring(step)  # the same limit: nothing to settle
+                    return
+                self.search.tell_reference(self._reference)
+                self._reference = []
             self._next(step)
 
     def _watch(self, step: int) -> None:

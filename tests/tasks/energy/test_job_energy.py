@@ -57,6 +57,9 @@ def test_a_tuned_job_probes_then_keeps_one_limit_and_gives_it_back(
     # Windows this short drift on a loaded host; one decision is what this test looks at
     # (re-deciding has its own test in test_tuner.py).
     monkeypatch.setattr(job_energy, "TUNER_DRIFT", {"drift_windows": 10**6})
+    # One reference window: no noise estimate, so the search probes whatever this host's
+    # jitter (the guard against it has its own test in test_tuner.py).
+    monkeypatch.setattr(job_energy, "TUNER_REFERENCE_WINDOWS", 1)
     binding = acquire(cluster, DeviceRequest(sku="v100"), "tuned")
     node, index = binding.resource.node, binding.resource.device_index
     default = cluster.backend.power_limits(node, index).limit_mw

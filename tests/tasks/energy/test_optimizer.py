@@ -10,6 +10,7 @@ from gpuflow.tasks.energy.optimizer import (
     Objective,
     SettingSearch,
     search,
+    window_noise,
 )
 
 LIMITS = [100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0]
@@ -148,3 +149,39 @@ def test_drift_is_judged_at_the_chosen_setting() -> None:
     other = next(s for s in LIMITS if s != c.chosen.setting)
     with pytest.raises(ValueError, match="not the chosen setting"):
         c.drifted(Measurement(other, 1.0, 1.0))
+
+
+def _noisy_reference(spread: float, t0: float = 10.0) -> list[Measurement]:
+    """Three windows at the highest limit whose log times are 0, +spread, -spread."""
+    return [Measurement(250.0, t0 * math.exp(x), 2500.0) for x in (0.0, spread, -spread)]
+
+
+def test_a_noisy_reference_makes_a_near_bound_point_not_count() -> None:
+    near = Measurement(225.0, 10.8, 2000.0)  # +8 %: within 10 % on a single reading
+    quiet = SettingSearch(LIMITS, Objective(slowdown=0.10))
+    quiet.tell_reference(_noisy_reference(0.0))
+    quiet.tell(near)
+    assert quiet.noise == 0.0 and quiet.choice().chosen.setting == 225.0
+    noisy = SettingSearch(LIMITS, Objective(slowdown=0.10))
+    noisy.tell_reference(_noisy_reference(0.03))  # one window's spread: 3 %
+    noisy.tell(near)
+    c = noisy.choice()
+    assert c.noise == pytest.approx(0.03) and c.chosen.setting == 250.0
+    assert noisy.bound_ratio() == pytest.approx(1.10 * math.exp(-math.sqrt(2) * 0.03))
+    assert c.reference.time_s == pytest.approx(sum(m.time_s for m in _noisy_reference(0.03)) / 3)
+
+
+def test_noise_larger_than_the_bound_keeps_the_highest_setting_without_probing() -> None:
+    s = SettingSearch(LIMITS, Objective(slowdown=0.10))
+    s.tell_reference(_noisy_reference(0.10))  # a 10 % slowdown cannot be told from noise
+    assert s.next_probe() is None and s.choice().chosen.setting == 250.0
+
+
+def test_drift_is_judged_against_the_noise_measured() -> None:
+    s = SettingSearch(LIMITS, Objective(slowdown=0.10))
+    s.tell_reference(_noisy_reference(0.10))
+    c = s.choice()
+    assert c.drift_tolerance(0.10) == pytest.approx(3 * math.sqrt(2) * 0.10)
+    assert not c.drifted(Measurement(250.0, c.chosen.time_s * 1.3, c.chosen.energy_j * 1.3))
+    assert c.drifted(Measurement(250.0, c.chosen.time_s * 1.6, c.chosen.energy_j * 1.6))
+    assert window_noise(_noisy_reference(0.0)[:1]) == 0.0  # one window: nothing to tell

@@ -118,6 +118,47 @@ def test_one_odd_window_is_noise_but_a_lasting_change_searches_again(twin) -> No
     assert len(tuner.decisions) == 2
 
 
+def _run_with_noisy_reference(
+    job: TwinJob, tuner: InTrainingTuner, steps: int, scales: tuple[float, ...]
+) -> None:
+    """Steps whose host time is scaled by ``scales[k]`` while the reference's k-th window
+    is measured (the host's noise, set exactly per window by the test)."""
+    base = job.base_s
+    for _ in range(steps):
+        k = sum(e.action == "probe" for e in tuner.events)
+        job.base_s = base * scales[k] if k < len(scales) and not tuner.done else base
+        job.run(tuner, 1)
+    job.base_s = base
+
+
+def test_noise_in_its_reference_windows_guards_the_choice(twin) -> None:
+    backend, inventory = twin
+    job = TwinJob(backend)
+    tuner = _tuner(backend, inventory)
+    _run_with_noisy_reference(job, tuner, 200, (1.0, 1.04, 0.96))
+    assert tuner.done and tuner.choice.noise > 0.03
+    c = tuner.choice
+    assert c.slowdown <= tuner.search.bound_ratio() - 1 < 0.10 - 0.05
+    tuner.settings.restore_all()
+    truth = _brute_force(backend, [c.chosen.setting, max(tuner.grid)], job.base_s)
+    assert truth[c.chosen.setting][0] <= 1.07 * truth[max(tuner.grid)][0]
+
+
+def test_noise_beyond_the_bound_keeps_the_highest_limit_and_widens_the_drift_test(twin) -> None:
+    backend, inventory = twin
+    job = TwinJob(backend)
+    tuner = _tuner(backend, inventory, drift_tolerance=0.25, drift_windows=3)
+    _run_with_noisy_reference(job, tuner, 60, (1.0, 1.15, 0.87))
+    assert tuner.done and tuner.choice.chosen.setting == max(tuner.grid)
+    assert [e.action for e in tuner.events] == ["probe"] * 3 + ["chose"]
+    job.base_s *= 1.4  # within three of the measured noise's standard deviations: no drift
+    job.run(tuner, 60)
+    assert len(tuner.decisions) == 1
+    job.base_s *= 2.0  # far beyond it: the workload changed
+    job.run(tuner, 60)
+    assert any(e.action == "drift" for e in tuner.events)
+
+
 def test_bad_phases_are_refused(twin) -> None:
     backend, inventory = twin
     settings = DeviceSettings(backend, inventory, "tuner-test")
@@ -127,3 +168,5 @@ def test_bad_phases_are_refused(twin) -> None:
         InTrainingTuner(backend, settings, NODE, INDEX, settle=(1, -1.0))
     with pytest.raises(InvalidRequestError, match="drift_windows"):
         InTrainingTuner(backend, settings, NODE, INDEX, drift_windows=0)
+    with pytest.raises(InvalidRequestError, match="reference_windows must be an integer >= 1"):
+        InTrainingTuner(backend, settings, NODE, INDEX, reference_windows=0)
