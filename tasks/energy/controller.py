@@ -15,9 +15,12 @@ the power-capping loop need seconds to say anything). Each tick:
 4. moves each device's state machine one interval on:
 
        new job ─ probe: apply the search's next setting ─ settle one interval
-                 ─ measure one interval ─ tell the search ─ (next probe | choice)
+                 ─ measure one interval (the highest setting, the reference:
+                   ``reference_intervals`` of them, whose spread is the noise that guards
+                   every comparison) ─ tell the search ─ (next probe | choice)
        choice ─ apply it ─ settle ─ watch: measure every interval at the chosen setting
-       watch ─ drifted beyond ``hysteresis`` for ``drift_intervals`` intervals in a row
+       watch ─ drifted beyond ``hysteresis`` (or three standard deviations of the
+             measured noise, if larger) for ``drift_intervals`` intervals in a row
              ─ a new search (one noisy interval resets nothing)
 
 A measurement is per unit of work: the time per unit from the job's own progress

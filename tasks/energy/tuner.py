@@ -10,15 +10,20 @@ reads the same kind of curve on the twin and on a GPU.
 InTrainingTuner is a step hook (tasks.training.loop hooks): after a warmup it runs the
 SettingSearch (tasks.energy.optimizer) one probe at a time - set the limit, let it settle
 (the power-capping loop and the clock settle; the twin learns the job's load from its first
-utilization report), measure - then applies the choice. It then keeps watching: one window of a probe's length at a time
-at the chosen limit, and when ``drift_windows`` windows in a row differ from the choice's
-measurement by more than ``drift_tolerance`` (time or power per step: the workload changed,
-say AutoPrecision switched to bf16), it searches again from the top. One odd window is
-noise, not a change: that is the hysteresis. Each phase
-lasts at least so many steps AND so many seconds: a probe shorter than a second reads
-NVML's energy counter over too few of its updates and one step's jitter. Every change goes through DeviceSettings under the job's id, so
-it is put back when the job ends, and by restore_stale once the job's lease is gone if the
-process dies.
+utilization report), measure - then applies the choice. The highest limit, the reference,
+is measured in ``reference_windows`` windows back to back: their spread is the noise of one
+window, and a lower limit counts within the bound only if it clears it by that noise
+(optimizer.GUARD_Z) - a near-bound limit read fast by one lucky window is not chosen.
+
+It then keeps watching: one window of a probe's length at a time at the chosen limit, and
+when ``drift_windows`` windows in a row differ from the choice's measurement by more than
+``drift_tolerance`` or three standard deviations of the measured noise, whichever is
+larger (time or power per step: the workload changed, say AutoPrecision switched to bf16),
+it searches again from the top. One odd window is noise, not a change: that is the
+hysteresis. Each phase lasts at least so many steps AND so many seconds: a probe shorter
+than a second reads NVML's energy counter over too few of its updates and one step's
+jitter. Every change goes through DeviceSettings under the job's id, so it is put back when
+the job ends, and by restore_stale once the job's lease is gone if the process dies.
 """
 
 from __future__ import annotations
