@@ -285,15 +285,17 @@ def best_placement(
     n, m = len(nodes), len(costs.segment_ms)
     limit = min(n, m) if shards is None else shards
     model = _Cost(costs, nodes, batch)
-    inf = math.inf
-    best: dict[tuple[int, int, int], tuple[float, tuple[int, int] | None]] = {}
+    # best[(mask, f, s)] = (slowest stage, nodes from f to the tail, the cuts after s).
+    # Ties go to the smaller node tuple: the fleet's own order where nothing else decides.
+    State = tuple[float, tuple[int, ...], tuple[int, ...]]
+    best: dict[tuple[int, int, int], State] = {}
     for f in range(n):
         for s in range(m):
             if model.fits(s, m, f):
-                best[(1 << f, f, s)] = (model.compute(s, m, f), None)
+                best[(1 << f, f, s)] = (model.compute(s, m, f), (f,), ())
     for size in range(1, limit):
         layer = [(key, v) for key, v in best.items() if key[0].bit_count() == size]
-        for (mask, f, s), (value, _) in layer:
+        for (mask, f, s), (value, path, cuts) in layer:
             for p in range(n):
                 if mask >> p & 1:
                     continue
@@ -301,28 +303,20 @@ def best_placement(
                 for a in range(s):
                     if not model.fits(a, s, p):
                         continue
-                    cand = max(value, model.compute(a, s, p) + hop)
+                    cand = (max(value, model.compute(a, s, p) + hop), (p, *path), (s, *cuts))
                     key = (mask | 1 << p, p, a)
-                    if cand < best.get(key, (inf,))[0]:
-                        best[key] = (cand, (f, s))
+                    if key not in best or cand[:2] < best[key][:2]:
+                        best[key] = cand
     finals = [
-        (v[0], key[0].bit_count(), key)
+        (v[0], key[0].bit_count(), v[1], v[2])
         for key, v in best.items()
         if key[2] == 0 and (shards is None or key[0].bit_count() == shards)
     ]
     if not finals:
         raise PartitionError(_no_fit(model, limit))
-    _, _, key = min(finals, key=lambda t: (t[0], t[1]))
-    order, bounds = [], [0]
-    mask, f, s = key
-    while True:
-        order.append(f)
-        parent = best[(mask, f, s)][1]
-        if parent is None:
-            break
-        mask, (f, s) = mask & ~(1 << f), parent
-        bounds.append(s)
-    bounds.append(m)
+    # Ties: fewer shards (fewer hops per request), then the fleet's order.
+    _, _, order, cuts = min(finals)
+    bounds = [0, *cuts, m]
     chosen = [nodes[i] for i in order]
     return _Cost(costs, chosen, batch).shards(bounds, "placement")
 

@@ -9,8 +9,11 @@ it), and answers with the target's response or its status code and details. Prom
 rolling back a version rewrites the file; the endpoint sees the change at the next call
 (it compares the file's mtime and size on every call: a stat, no read) and moves to a
 persistent channel to the new head. An empty or missing file is UNAVAILABLE, saying so.
-Streaming methods (health Watch) are not forwarded. One line ``READY endpoint
-address=HOST:PORT`` on stdout once it serves; SIGTERM stops it.
+A generic handler cannot tell a stream from a unary call, so the server-streaming methods a
+shard serves are named (``SERVER_STREAMING``: grpc.health.v1 Watch) and forwarded as
+streams: the target's messages pass through as they come until either side ends it; a
+Watch opened before a switch stays on the version it began with. One line ``READY
+endpoint address=HOST:PORT`` on stdout once it serves; SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +33,8 @@ from gpuflow.tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, channel_op
 
 log = logging.getLogger(__name__)
 READY_PREFIX = "READY endpoint "
+# The server-streaming methods of a shard server (everything else it serves is unary).
+SERVER_STREAMING = frozenset({"/grpc.health.v1.Health/Watch"})
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -107,7 +112,24 @@ class _Forward(grpc.GenericRpcHandler):
             except grpc.RpcError as exc:
                 context.abort(exc.code(), exc.details() or f"from {address}")
 
+        def forward_stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            address, channel = self.target.channel()
+            if channel is None:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"no version of this deployment is current ({self.target.path} is empty)",
+                )
+            call = channel.unary_stream(method)(request)  # long-lived: no deadline
+            context.add_callback(call.cancel)  # the client left: stop the upstream stream
+            try:
+                yield from call
+            except grpc.RpcError as exc:
+                if context.is_active():
+                    context.abort(exc.code(), exc.details() or f"from {address}")
+
         # No (de)serializers: the bytes go through as they came.
+        if method in SERVER_STREAMING:
+            return grpc.unary_stream_rpc_method_handler(forward_stream)
         return grpc.unary_unary_rpc_method_handler(forward)
 
 

@@ -219,3 +219,11 @@ def test_memory_counts_the_server_and_the_activations() -> None:
         best_placement(costs, node, batch=2)
     with pytest.raises(PartitionError, match="memory_mb"):  # weights alone would have fitted
         best_placement(costs, [NodeCapacity("tiny", memory_mb=20.0)])
+
+
+def test_equal_nodes_keep_the_fleets_order_and_ties_take_fewer_shards() -> None:
+    costs = ChainCosts([1.0] * 6, [1000] * 7)
+    nodes = [NodeCapacity(f"e{i}", link_mb_s=100.0) for i in range(4)]
+    assert [s.node for s in best_placement(costs, nodes, shards=3).shards] == ["e0", "e1", "e2"]
+    # Four shards would leave one node with the same 2 segments as three do: three it is.
+    assert [s.node for s in best_placement(costs, nodes).shards] == ["e0", "e1", "e2"]

@@ -47,6 +47,31 @@ def test_endpoint_follows_its_target_file(mlp, start_server, tmp_path: Path) -> 
         endpoint.stop()
 
 
+def test_endpoint_forwards_a_health_watch_stream(mlp, start_server, tmp_path: Path) -> None:
+    """grpc.health.v1 Watch through the endpoint: SERVING, then NOT_SERVING when the
+    version behind it shuts down, on the one stream."""
+    shard = start_server(mlp.shard_dirs[2])
+    target = tmp_path / "target"
+    target.write_text(shard.address)
+    endpoint = EndpointServer(target)
+    try:
+        with grpc.insecure_channel(endpoint.address) as channel:
+            stream = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(), timeout=30
+            )
+            first = next(stream)
+            assert first.status == health_pb2.HealthCheckResponse.SERVING
+            shard.stop(grace_s=0.5)
+            statuses = []
+            with pytest.raises(grpc.RpcError) as ended:  # as it ends at the shard itself
+                for response in stream:
+                    statuses.append(response.status)
+            assert statuses == [health_pb2.HealthCheckResponse.NOT_SERVING]
+            assert ended.value.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        endpoint.stop()
+
+
 def test_endpoint_refuses_a_taken_port(tmp_path: Path) -> None:
     first = EndpointServer(tmp_path / "t")
     try:
