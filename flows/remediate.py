@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpuflow.blocks.gpu_cluster import GpuCluster
 from gpuflow.tasks.cluster import load_cluster
-from gpuflow.tasks.health.events import EVENT_NAME
+from gpuflow.tasks.health.decision import ACT, DRAIN
+from gpuflow.tasks.health.events import DECISION_LABEL, EVENT_NAME
 from gpuflow.tasks.remediation import ledger as L
 from gpuflow.tasks.remediation import plan
 from gpuflow.tasks.remediation.devices import ACTIVE_STATES, JobOnDevice, jobs_on_device
@@ -58,12 +59,15 @@ if TYPE_CHECKING:  # flows know order: hardware types only for annotations
 
 # The deployment trigger, as prefect.yaml writes it (`triggers:` entry of `remediate`).
 # Single-expression templates keep their type (Prefect renders them through tojson):
-# the payload arrives as a dict. The event id is the idempotency key.
+# the payload arrives as a dict. The event id is the idempotency key. It starts on the
+# events whose decision (tasks.health.decision, the resource label gpuflow.decision) is
+# "act" (the expected loss exceeds checkpoint + migration) or "drain-now"; a "watch"
+# event (someone reporting a risk the rule does not act on) starts nothing.
 TRIGGER_SPEC: dict[str, Any] = {
     "type": "event",
     "name": "remediate on gpuflow.device.health-risk",
     "enabled": True,
-    "match": {"prefect.resource.id": "gpuflow.device.*"},
+    "match": {"prefect.resource.id": "gpuflow.device.*", DECISION_LABEL: [ACT, DRAIN]},
     "expect": [EVENT_NAME],
     "parameters": {
         "resource_id": "{{ event.resource.id }}",

@@ -1,4 +1,5 @@
-"""`gpuflow health train|score|monitor|status`: the predictive health model and its monitor.
+"""`gpuflow health train|score|decide|monitor|status`: the predictive health model, the
+decision by cost it feeds, and the monitor.
 
 Mounted by gpuflow/cli.py with ``app.add_typer(cli_health.app, name="health")``.
 """
@@ -14,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from gpuflow.tasks.health.decision import DRAIN_RISK
 
 app = typer.Typer(
     help="Predictive device health: train the risk model, score the fleet, watch it.",
@@ -163,11 +166,79 @@ def score_cmd(
     console.print(table)
 
 
+THRESHOLD_HELP = (
+    "Drain at once at or above this risk, whatever the costs (the cost rule acts below it)."
+)
+
+
+@app.command("decide")
+def decide_cmd(
+    device: Annotated[str, typer.Option(help="The device, NODE:INDEX.")],
+    model: Annotated[
+        str | None, typer.Option(help="MLflow model URI or 'rules'; default champion.")
+    ] = None,
+    threshold: Annotated[float, typer.Option(help=THRESHOLD_HELP)] = DRAIN_RISK,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Score one device now and show what the monitor would decide, with the numbers:
+    its risk and horizon, each job's lost work and costs (and where they come from), the
+    break-even risk and the drain level. Nothing is emitted or saved."""
+    from gpuflow.hardware.backend import InvalidRequestError
+    from gpuflow.hardware.inventory import Inventory
+    from gpuflow.hardware.select import get_backend
+    from gpuflow.tasks.health.features import FleetWindows
+    from gpuflow.tasks.health.monitor import decision_for, monitor_dir, validate_thresholds
+    from gpuflow.tasks.health.scoring import FleetScorer, score_fleet
+    from gpuflow.tasks.remediation.costs import FleetCosts
+    from gpuflow.tasks.remediation.devices import parse_device_ref
+
+    try:
+        ref = parse_device_ref(device)
+        validate_thresholds(threshold, None)
+    except (InvalidRequestError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    m, source = _model(model)
+    windows = FleetWindows.load_or_new(monitor_dir() / "windows.npz", window=m.window)
+    risks = score_fleet(get_backend(), scorer=FleetScorer(m, windows))
+    found = next((r for r in risks if (r.node, r.index) == (ref.node, ref.index)), None)
+    if found is None:
+        raise _fail(f"no device {ref} in this fleet")
+    d = decision_for(found, threshold, FleetCosts(Inventory()), source)
+    if as_json:
+        console.print_json(json.dumps(d.to_dict()))
+        return
+    console.print(f"{ref}: {d.summary()}")
+    console.print(f"  {d.why}")
+    table = Table(title="jobs on the device (seconds of the gang's time)")
+    for col in ("job", "GPUs", "since ckpt", "lost if fails", "ckpt save", "restart", "relaunch"):
+        table.add_column(col, justify="left" if col == "job" else "right")
+    for j in d.jobs:
+        table.add_row(
+            j["job_id"],
+            str(j["gang_gpus"]),
+            *(
+                f"{j[k]:.0f}"
+                for k in (
+                    "since_checkpoint_s",
+                    "lost_work_s",
+                    "checkpoint_save_s",
+                    "restart_s",
+                    "relaunch_s",
+                )
+            ),
+        )
+    if d.jobs:
+        console.print(table)
+        for j in d.jobs:
+            for name, where in sorted(j["sources"].items()):
+                console.print(f"  {j['job_id']} {name}: {where}")
+
+
 @app.command("monitor")
 def monitor_cmd(
     rounds: Annotated[int, typer.Option(help="Samples of every device to take.")] = 12,
     interval: Annotated[float, typer.Option(help="Seconds between samples (>= 5).")] = 5.0,
-    threshold: Annotated[float, typer.Option(help="Emit at or above this risk.")] = 0.85,
+    threshold: Annotated[float, typer.Option(help=THRESHOLD_HELP)] = DRAIN_RISK,
     model: Annotated[
         str | None, typer.Option(help="MLflow model URI or 'rules'; default champion.")
     ] = None,
@@ -175,7 +246,9 @@ def monitor_cmd(
         bool, typer.Option(help="Twin only: advance its clock, don't sleep.")
     ] = False,
 ) -> None:
-    """Run the `monitor` flow here: sample, score, emit gpuflow.device.health-risk events."""
+    """Run the `monitor` flow here: sample, score, decide by cost, emit
+    gpuflow.device.health-risk events (act: expected loss > checkpoint + migration;
+    drain-now: risk >= --threshold)."""
     from gpuflow.flows.monitor import monitor
 
     with Progress(
@@ -203,7 +276,7 @@ def monitor_cmd(
         "incidents open"
     )
     for e in result["emitted"]:
-        console.print(f"  event {e['event_id']} {e['device']} risk {e['risk']:.3f} ({e['reason']})")
+        console.print(f"  event {e['event_id']} {e['device']} ({e['reason']}): {e['decision']}")
 
 
 @app.command("status")
@@ -249,11 +322,18 @@ def status_cmd() -> None:
         console.print(table)
     book = IncidentBook(monitor_dir() / "incidents.json")
     table = Table(title=f"open incidents ({len(book.open)})")
-    for col in ("device", "sku", "risk", "reason", "since (UTC)", "event"):
+    for col in ("device", "sku", "risk", "decision", "reason", "since (UTC)", "event"):
         table.add_column(col)
     for key, inc in sorted(book.open.items()):
         since = datetime.fromtimestamp(inc["opened_s"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+        decision = inc.get("decision") or {}  # incidents opened before decisions had none
         table.add_row(
-            key, inc.get("sku", ""), f"{inc['risk']:.3f}", inc["reason"], since, inc["event_id"]
+            key,
+            inc.get("sku", ""),
+            f"{inc['risk']:.3f}",
+            f"{decision.get('action', '')} ({decision.get('decided_by', '')})" if decision else "",
+            inc["reason"],
+            since,
+            inc["event_id"],
         )
     console.print(table)

@@ -2,8 +2,8 @@
 health monitor sees it, `remediate` moves the job, and it finishes elsewhere.
 
 For `gpuflow demo` (on the twin, in the tour's GPUFLOW_HOME). What it calls is the
-production path: InProcessRunner, run_monitor (fast-forwarding the twin between rounds),
-and the remediate flow with the parameters its deployment trigger renders from the
+production path: InProcessRunner, run_monitor (fast-forwarding the twin between rounds)
+deciding by cost over the tour's inventory (tasks.remediation.costs), and the remediate flow with the parameters its deployment trigger renders from the
 health-risk event. The event itself is not sent to Prefect: the tour records into the
 Prefect database `gpuflow up` serves, where the `remediate` deployment's trigger would
 act on it in *your* GPUFLOW_HOME (its fleet, its jobs), not in the tour's twin.
@@ -56,6 +56,7 @@ def predicted_fault_tour(
     from gpuflow.hardware.inventory import Inventory
     from gpuflow.tasks.health.events import health_risk_payload, resource_id_for
     from gpuflow.tasks.health.monitor import monitor_dir, run_monitor
+    from gpuflow.tasks.remediation.costs import FleetCosts
     from gpuflow.tasks.remediation.launch import RUNNER
     from gpuflow.tasks.training.binding import DeviceRequest
     from gpuflow.tasks.training.spec import TrainSpec
@@ -110,10 +111,14 @@ def predicted_fault_tour(
             sku: str,
             reason: str = "model",
             missing: Sequence[str] = (),
+            horizon_s: float = 1800.0,
+            decision: Any = None,
         ) -> str:
             # In place of emit_health_risk (see the module docstring): the same payload,
             # validated, and an id of the tour's own.
-            payload = health_risk_payload(n, i, risk, features, sku, reason, missing)
+            payload = health_risk_payload(
+                n, i, risk, features, sku, reason, missing, horizon_s, decision
+            )
             event_id = str(uuid.uuid4())
             events.append({"node": n, "index": i, "payload": payload, "event_id": event_id})
             return event_id
@@ -121,7 +126,15 @@ def predicted_fault_tour(
         rounds = 0
         while rounds < max_monitor_rounds:
             rounds += 1
-            run_monitor(backend, model, rounds=1, emit=keep, state_dir=monitor_dir())
+            run_monitor(
+                backend,
+                model,
+                rounds=1,
+                emit=keep,
+                state_dir=monitor_dir(),
+                costs=lambda: FleetCosts(control),
+                model_name=model_name,
+            )
             if any((e["node"], e["index"]) == (node, int(index)) for e in events):
                 break
             backend.advance(600.0)  # the twin fast-forwards 10 minutes between rounds
@@ -131,9 +144,11 @@ def predicted_fault_tour(
                 f"the monitor ({model_name}) raised no event for {node}:{index} in {rounds} rounds"
             )
         risk = ev["payload"]["risk"]
+        decision = ev["payload"]["decision"]
         report(
             f"monitor ({model_name}): risk {risk:.2f} on {node}:{index} "
-            f"after {rounds} rounds ({rounds * 10} twin-minutes)"
+            f"after {rounds} rounds ({rounds * 10} twin-minutes); {decision['action']} "
+            f"({decision['decided_by']}): {decision['why']}"
         )
         result = remediate(
             resource_id=resource_id_for(node, int(index)),
@@ -151,6 +166,8 @@ def predicted_fault_tour(
             "device": f"{node}:{index}",
             "health model": model_name,
             "risk": round(risk, 3),
+            "decision": f"{decision['action']} ({decision['decided_by']}, drain level "
+            f"{decision['drain_risk']:g}, break-even {decision.get('break_even_risk')})",
             "top features": ev["payload"]["top_features"],
             "remediation": result["status"],
             "moved to": moved.get("target"),

@@ -4,7 +4,10 @@ What the parts that react to risk (remediation, the CLI, the tour) need of it:
 
 - ``EVENT_NAME`` and ``resource_id_for(node, index)``: what a deployment trigger matches;
 - ``DeviceRisk``: one scored device;
-- ``emit_health_risk(...)``: send the event, returns its id.
+- ``emit_health_risk(...)``: send the event, returns its id. The event carries the
+  decision (tasks.health.decision) that raised it: in its payload with the numbers, and as
+  the resource label ``gpuflow.decision`` (act | drain-now | watch), which the remediate
+  trigger matches.
 
 Scoring a fleet is tasks.health.scoring (``score_fleet``), the registered model
 tasks.health.model (``load_champion``); this module imports neither, so it stays light
@@ -15,13 +18,19 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from gpuflow.tasks.health.decision import ACTIONS, DRAIN, DRAIN_RISK, WATCH, Decision
 
 EVENT_NAME = "gpuflow.device.health-risk"
 RESOURCE_PREFIX = "gpuflow.device."
 DEVICE_LOST_REASON = "device lost"
+DECISION_LABEL = "gpuflow.decision"  # resource label: the action the event asks for
+# The horizon today's models score (HealthLSTM.horizon_s, the history's labels): P(fail
+# within 30 minutes). A risk always travels with its horizon.
+DEFAULT_HORIZON_S = 1800.0
 
 _RESOURCE_RE = re.compile(r"^gpuflow\.device\.(?P<node>.+)\.(?P<index>\d+)$")
 
@@ -63,6 +72,7 @@ class DeviceRisk:
     top_features: dict[str, float] = field(default_factory=dict)
     reason: str = "model"
     missing: tuple[str, ...] = ()
+    horizon_s: float = DEFAULT_HORIZON_S  # the risk is P(fail within this many seconds)
 
     @property
     def resource_id(self) -> str:
@@ -70,6 +80,27 @@ class DeviceRisk:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _decision_dict(
+    decision: Decision | Mapping[str, Any] | None, risk: float, reason: str
+) -> dict[str, Any]:
+    """The decision as the payload carries it. None (an event not raised by the monitor):
+    no costs known, so the drain level alone: drain-now at or above it or for a device
+    lost or failed, else watch."""
+    if isinstance(decision, Decision):
+        return decision.to_dict()
+    if isinstance(decision, Mapping):
+        if decision.get("action") not in ACTIONS:
+            raise ValueError(f"decision action must be act, drain-now or watch: {decision!r}")
+        return dict(decision)
+    forced = reason != "model"
+    return {
+        "action": DRAIN if forced or risk >= DRAIN_RISK else WATCH,
+        "decided_by": reason if forced else "drain level",
+        "drain_risk": DRAIN_RISK,
+        "why": "no cost decision came with the event: the drain level alone",
+    }
 
 
 def health_risk_payload(
@@ -80,8 +111,11 @@ def health_risk_payload(
     sku: str,
     reason: str = "model",
     missing: Sequence[str] = (),
+    horizon_s: float = DEFAULT_HORIZON_S,
+    decision: Decision | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The event payload; validated before anything is sent. ``missing``: see DeviceRisk."""
+    """The event payload; validated before anything is sent. ``missing``: see DeviceRisk;
+    ``decision``: the monitor's (tasks.health.decision), else judged at the drain level."""
     resource_id_for(node, index)  # validates node/index
     try:
         risk_f = float(risk)
@@ -91,14 +125,18 @@ def health_risk_payload(
         raise ValueError(f"risk must be in [0, 1], got {risk_f}")
     if not isinstance(features, dict):
         raise ValueError(f"features must be a dict name -> value, got {type(features).__name__}")
+    if isinstance(horizon_s, bool) or not isinstance(horizon_s, int | float) or not horizon_s > 0:
+        raise ValueError(f"horizon_s must be a number of seconds > 0, got {horizon_s!r}")
     return {
         "risk": round(risk_f, 6),
+        "horizon_s": float(horizon_s),
         "top_features": {str(k): float(v) for k, v in features.items()},
         "node": node,
         "index": index,
         "sku": sku,
         "reason": reason,
         "missing": [str(m) for m in missing],
+        "decision": _decision_dict(decision, risk_f, reason),
     }
 
 
@@ -110,6 +148,8 @@ def emit_health_risk(
     sku: str,
     reason: str = "model",
     missing: Sequence[str] = (),
+    horizon_s: float = DEFAULT_HORIZON_S,
+    decision: Decision | Mapping[str, Any] | None = None,
 ) -> str:
     """Emit ``gpuflow.device.health-risk`` for one device; returns the event id.
 
@@ -119,7 +159,9 @@ def emit_health_risk(
     """
     from prefect.events import emit_event
 
-    payload = health_risk_payload(node, index, risk, features, sku, reason, missing)
+    payload = health_risk_payload(
+        node, index, risk, features, sku, reason, missing, horizon_s, decision
+    )
     event_id = uuid.uuid4()
     emit_event(
         event=EVENT_NAME,
@@ -129,6 +171,7 @@ def emit_health_risk(
             "gpuflow.node": node,
             "gpuflow.index": str(index),
             "gpuflow.sku": sku,
+            DECISION_LABEL: payload["decision"]["action"],
         },
         payload=payload,
         id=event_id,
@@ -137,6 +180,8 @@ def emit_health_risk(
 
 
 __all__ = [
+    "DECISION_LABEL",
+    "DEFAULT_HORIZON_S",
     "DEVICE_LOST_REASON",
     "EVENT_NAME",
     "DeviceRisk",

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from gpuflow.tasks.health.events import DEFAULT_HORIZON_S
 from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INPUTS, FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.history import History, SplitData
 from sklearn.linear_model import LogisticRegression
@@ -35,7 +36,6 @@ from torch import nn
 REGISTERED_MODEL = "gpuflow-health-lstm"
 CHAMPION_ALIAS = "champion"
 EXPERIMENT = "gpuflow-health"
-DEFAULT_HORIZON_S = 1800.0
 
 
 class HealthModel(Protocol):

@@ -1,13 +1,18 @@
-"""The monitor's work: sample -> score -> emit, one event per device per incident.
+"""The monitor's work: sample -> score -> decide -> emit, one event per device per incident.
 
 State under GPUFLOW_HOME/health/monitor/ so consecutive runs (a deployment on an interval
 schedule) continue: ``windows.npz`` (every device's feature window) and
-``incidents.json`` (the open incidents: which devices already had their event). An
-incident opens when a device's risk reaches the threshold (or it is lost / failed) and
-emits ``gpuflow.device.health-risk`` once; it closes when the risk falls below the clear
-threshold (hysteresis, so a risk hovering at the threshold does not emit on every run),
-or when a lost device answers again (repaired), and only then can the device emit again.
-A lock file keeps two monitor runs from interleaving their state.
+``incidents.json`` (the open incidents: which devices already had their event). Every
+round each device's risk goes through the decision rule (tasks.health.decision) with the
+costs of what runs on it: an incident opens when the rule says ``act`` (the expected loss
+exceeds the cost of checkpoint + migration) or ``drain-now`` (risk at or above the drain
+level, ``threshold``, 0.85; or the device lost / failed), and emits
+``gpuflow.device.health-risk`` once, carrying the decision. It closes when the risk falls
+below its clear level (hysteresis, so a risk hovering at the level that opened it does
+not emit on every run): CLEAR_RATIO x the break-even risk for an ``act`` incident, the
+clear threshold for a ``drain-now`` one; or when a lost device answers again (repaired);
+only then can the device emit again. A lock file keeps two monitor runs from
+interleaving their state.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 from gpuflow.hardware.backend import Backend
 from gpuflow.hardware.home import gpuflow_home
+from gpuflow.tasks.health.decision import DRAIN_RISK, Decision, DeviceCosts, decide
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
 from gpuflow.tasks.health.features import FleetWindows
 from gpuflow.tasks.health.model import HealthModel
@@ -33,8 +39,17 @@ from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_
 from prefect import task
 from prefect.cache_policies import NONE
 
-DEFAULT_THRESHOLD = 0.85
-CLEAR_RATIO = 0.8  # default clear threshold: 80 % of the alarm threshold
+DEFAULT_THRESHOLD = DRAIN_RISK  # the drain-at-once level, whatever the costs
+CLEAR_RATIO = 0.8  # default clear threshold: 80 % of the level that opened the incident
+
+# Top features (occlusion: one extra model pass per feature) are worked out for devices
+# at or above this risk only, so a fleet of thousands stays cheap; the cost rule acts from
+# about 1 % for a job at its Young/Daly checkpoint period (tasks.health.decision), so an
+# event raised by it has them unless the job went a day without a checkpoint.
+EXPLAIN_ABOVE = 0.005
+
+# The costs of acting on a device, by (node, index). One is made per round (the jobs move).
+CostLookup = Callable[[str, int], DeviceCosts]
 
 
 def monitor_dir(home: Path | None = None) -> Path:
@@ -89,10 +104,23 @@ class RoundReport:
     risks: list[DeviceRisk]
     emitted: list[dict[str, Any]] = field(default_factory=list)
     cleared: list[str] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)  # devices decided this round
 
 
-def _is_forced(r: DeviceRisk) -> bool:
-    return r.reason == DEVICE_LOST_REASON or r.reason.startswith(DEVICE_FAILED_REASON)
+def _forced(r: DeviceRisk) -> str | None:
+    """Why the device must be drained whatever its risk says: lost or failed, else None."""
+    if r.reason == DEVICE_LOST_REASON or r.reason.startswith(DEVICE_FAILED_REASON):
+        return r.reason
+    return None
+
+
+def decision_for(
+    r: DeviceRisk, threshold: float, costs: CostLookup | None, model: str = ""
+) -> Decision:
+    """The rule's decision for one scored device. No ``costs``: the jobs are unknown, so
+    the drain level alone decides (as for an idle device). A risk of 0 needs no look-up."""
+    looked = costs(r.node, r.index) if costs is not None and r.risk > 0 else None
+    return decide(r.risk, r.horizon_s, looked, model=model, drain_risk=threshold, forced=_forced(r))
 
 
 def apply_round(
@@ -102,8 +130,13 @@ def apply_round(
     clear_threshold: float,
     emit: Callable[..., str] = emit_health_risk,
     now_s: float | None = None,
+    costs: CostLookup | None = None,
+    model: str = "",
 ) -> RoundReport:
-    """Open / close incidents for one round of risks; emit for the newly opened."""
+    """Open / close incidents for one round of risks; emit for the newly opened.
+
+    ``threshold`` is the drain level; ``costs`` the round's cost look-up (None: the drain
+    level alone decides); ``model`` names the model that scored the risks."""
     now_s = time.time() if now_s is None else now_s
     report = RoundReport(risks)
     seen = set()
@@ -118,7 +151,7 @@ def apply_round(
                 book.open.pop(key)
                 report.cleared.append(key)
                 inc = None
-            elif not _is_forced(r) and r.risk < clear_threshold:
+            elif not _forced(r) and r.risk < inc.get("clear_below", clear_threshold):
                 book.open.pop(key)
                 report.cleared.append(key)
                 continue
@@ -126,30 +159,59 @@ def apply_round(
                 inc["last_risk"] = r.risk
                 inc["last_seen_s"] = now_s
                 continue
-        if r.risk >= threshold:
-            event_id = emit(
-                r.node, r.index, r.risk, r.top_features, r.sku, reason=r.reason, missing=r.missing
-            )
-            book.open[key] = {
+        decision = decision_for(r, threshold, costs, model)
+        report.decisions[key] = decision
+        if not decision.remediates:
+            continue
+        event_id = emit(
+            r.node,
+            r.index,
+            r.risk,
+            r.top_features,
+            r.sku,
+            reason=r.reason,
+            missing=r.missing,
+            horizon_s=r.horizon_s,
+            decision=decision,
+        )
+        # Hysteresis around the level that opened it: the break-even risk or the drain
+        # level (an explicit clear threshold is the drain level's).
+        clear_below = (
+            clear_threshold
+            if decision.level >= threshold
+            else min(clear_threshold, CLEAR_RATIO * decision.level)
+        )
+        book.open[key] = {
+            "event_id": event_id,
+            "opened_s": now_s,
+            "risk": r.risk,
+            "last_risk": r.risk,
+            "last_seen_s": now_s,
+            "reason": r.reason,
+            "sku": r.sku,
+            "top_features": r.top_features,
+            "missing": list(r.missing),
+            "clear_below": clear_below,
+            "decision": decision.to_dict(),
+        }
+        report.emitted.append(
+            {
+                "device": key,
                 "event_id": event_id,
-                "opened_s": now_s,
                 "risk": r.risk,
-                "last_risk": r.risk,
-                "last_seen_s": now_s,
+                "horizon_s": r.horizon_s,
                 "reason": r.reason,
-                "sku": r.sku,
                 "top_features": r.top_features,
-                "missing": list(r.missing),
+                "action": decision.action,
+                "model": decision.model,
+                "break_even_risk": decision.break_even_risk,
+                "drain_risk": decision.drain_risk,
+                "expected_loss_gpu_s": decision.expected_loss_gpu_s,
+                "act_cost_gpu_s": decision.act_cost_gpu_s,
+                "decided_by": decision.decided_by,
+                "decision": decision.summary(),
             }
-            report.emitted.append(
-                {
-                    "device": key,
-                    "event_id": event_id,
-                    "risk": r.risk,
-                    "reason": r.reason,
-                    "top_features": r.top_features,
-                }
-            )
+        )
     # Devices that left the fleet (decommissioned, twin reset) close their incidents.
     for key in [k for k in book.open if k not in seen]:
         book.open.pop(key)
@@ -201,19 +263,26 @@ def run_monitor(
     emit: Callable[..., str] = emit_health_risk,
     state_dir: Path | None = None,
     on_round: Callable[[int, RoundReport], None] | None = None,
+    costs: Callable[[], CostLookup] | None = None,
+    model_name: str | None = None,
 ) -> MonitorResult:
-    """``rounds`` samples of every device ``interval_s`` apart; each one scored, incidents
-    opened (event emitted) and closed; the state saved after every round."""
+    """``rounds`` samples of every device ``interval_s`` apart; each one scored, decided,
+    incidents opened (event emitted) and closed; the state saved after every round.
+
+    ``threshold``: the drain level. ``costs``: called once a round for that round's cost
+    look-up (tasks.remediation.costs.FleetCosts over the inventory); None: the drain level
+    alone decides. ``model_name``: what the decisions say scored them."""
     interval_s = validate_interval_s(interval_s)
     threshold, clear = validate_thresholds(threshold, clear_threshold)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     state_dir = state_dir or monitor_dir()
+    name = model_name or getattr(model, "name", None) or type(model).__name__
     with monitor_lock(state_dir):
         win_path = state_dir / "windows.npz"
         windows = FleetWindows.load_or_new(win_path, window=model.window)
         book = IncidentBook(state_dir / "incidents.json")
-        scorer = FleetScorer(model, windows, explain_above=min(clear, threshold))
+        scorer = FleetScorer(model, windows, explain_above=min(clear, threshold, EXPLAIN_ABOVE))
         sampler = TelemetrySampler(backend, interval_s, wait=wait)
         emitted: list[dict[str, Any]] = []
         cleared: list[str] = []
@@ -224,7 +293,8 @@ def run_monitor(
             t0 = time.perf_counter()
             risks = scorer.score_round(fleet, max_clocks(sampler, fleet))
             score_s += time.perf_counter() - t0
-            report = apply_round(risks, book, threshold, clear, emit)
+            lookup = costs() if costs is not None else None
+            report = apply_round(risks, book, threshold, clear, emit, costs=lookup, model=name)
             windows.save(win_path)
             book.save()
             devices = len(risks)

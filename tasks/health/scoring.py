@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from gpuflow.hardware.backend import Backend, TelemetrySample
-from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
+from gpuflow.tasks.health.events import DEFAULT_HORIZON_S, DEVICE_LOST_REASON, DeviceRisk
 from gpuflow.tasks.health.features import FEATURES, FleetWindows, missing_in
 from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import FleetSample, TelemetrySampler
@@ -66,6 +66,9 @@ class FleetScorer:
         if tuple(model.feature_names) != FEATURES:
             raise ValueError("the model was trained on other features than this code computes")
         self.explain_above = explain_above
+        # What the risks are a probability of: failure within this horizon (the rules
+        # were judged against the same labels as the LSTM).
+        self.horizon_s = float(getattr(model, "horizon_s", DEFAULT_HORIZON_S))
 
     def score_round(self, fleet: FleetSample, max_clock_mhz: Sequence[float]) -> list[DeviceRisk]:
         """Update the windows with one round and score every device of it."""
@@ -90,7 +93,11 @@ class FleetScorer:
                         )
                         if v is not None
                     }
-                    out.append(DeviceRisk(s.node, s.index, sku, 1.0, evidence, why, missing[i]))
+                    out.append(
+                        DeviceRisk(
+                            s.node, s.index, sku, 1.0, evidence, why, missing[i], self.horizon_s
+                        )
+                    )
                     continue
                 out.append(
                     DeviceRisk(
@@ -101,12 +108,21 @@ class FleetScorer:
                         reasons.get(i, {}),
                         "model",
                         missing[i],
+                        self.horizon_s,
                     )
                 )
         for lost in fleet.lost:
             d = lost.device
             out.append(
-                DeviceRisk(d.node, d.index, d.sku, 1.0, {"present": 0.0}, DEVICE_LOST_REASON)
+                DeviceRisk(
+                    d.node,
+                    d.index,
+                    d.sku,
+                    1.0,
+                    {"present": 0.0},
+                    DEVICE_LOST_REASON,
+                    horizon_s=self.horizon_s,
+                )
             )
         return out
 

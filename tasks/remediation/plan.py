@@ -60,7 +60,8 @@ def read_signal(
     """The flow's parameters and the event's payload, as one signal.
 
     A "predicted" event whose payload says the device is lost is reactive: the monitor
-    saw the device gone, nothing was predicted. The payload fills what the caller left out.
+    saw the device gone, nothing was predicted. The payload fills what the caller left out
+    (the reason names the monitor's decision: act or drain-now, and why).
     """
     payload = payload or {}
     if risk is None and isinstance(payload.get("risk"), int | float):
@@ -70,6 +71,10 @@ def read_signal(
     if not reason and payload:
         why = str(payload.get("reason") or "model")
         reason = "health model risk" if why == "model" else why
+        decision = payload.get("decision")
+        if why == "model" and isinstance(decision, Mapping) and decision.get("action"):
+            # The monitor's cost decision, so the incident says why it was worth acting.
+            reason = f"{reason}, {decision['action']}: {decision.get('why', '')}"[:300]
     return Signal(trigger, reason, risk, features_of(payload))
 
 

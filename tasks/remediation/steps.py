@@ -179,7 +179,7 @@ def free_count(inventory: Inventory, sku: str, kind: str, profile: str | None) -
     return len(inventory.free_resources(sku=sku, kind=kind, profile=profile))
 
 
-def _spare_offers(inventory: Inventory, node: str, sku: str, kind: str, profile: str | None) -> int:
+def spare_offers(inventory: Inventory, node: str, sku: str, kind: str, profile: str | None) -> int:
     """How many resources of the kind a spare node would add (healthy, present devices)."""
     devices = [d for d in inventory.devices(node, present=True) if d.healthy and d.sku == sku]
     if kind == "device":
@@ -208,7 +208,7 @@ def ensure_capacity(
         have = free_count(inventory, sku, kind, profile)
         while have < want and policy.use_spares:
             offers = {
-                n.name: _spare_offers(inventory, n.name, sku, kind, profile)
+                n.name: spare_offers(inventory, n.name, sku, kind, profile)
                 for n in inventory.spare_nodes()
             }
             offers = {name: n for name, n in offers.items() if n > 0}

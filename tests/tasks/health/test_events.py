@@ -72,11 +72,36 @@ def test_emit_sends_the_event(sent: list[dict]) -> None:
     )
 
 
+def test_the_event_carries_its_decision_for_the_trigger(sent: list[dict]) -> None:
+    from gpuflow.tasks.health.decision import DeviceCosts, JobCosts, decide
+
+    costs = DeviceCosts((JobCosts("big", 64, 3600.0, 120.0, 600.0, 300.0),), True)
+    decision = decide(0.12, 1800.0, costs, model="lstm@champion")
+    emit_health_risk("a100-0", 1, 0.12, {}, "sku", horizon_s=1800.0, decision=decision)
+    e = sent[-1]
+    assert e["resource"][events.DECISION_LABEL] == "act"
+    d = e["payload"]["decision"]
+    assert (d["action"], d["model"], d["horizon_s"]) == ("act", "lstm@champion", 1800.0)
+    assert d["break_even_risk"] == pytest.approx(420 / 5100, abs=1e-5)
+    assert d["jobs"][0]["job_id"] == "big" and e["payload"]["horizon_s"] == 1800.0
+    # An event without a decision (an operator's, another tool's): the drain level alone.
+    emit_health_risk("a100-0", 2, 0.97, {}, "sku")
+    assert sent[-1]["resource"][events.DECISION_LABEL] == "drain-now"
+    emit_health_risk("a100-0", 3, 0.5, {}, "sku")
+    assert sent[-1]["resource"][events.DECISION_LABEL] == "watch"
+    emit_health_risk("a100-0", 4, 1.0, {}, "sku", reason=events.DEVICE_LOST_REASON)
+    assert sent[-1]["payload"]["decision"]["decided_by"] == events.DEVICE_LOST_REASON
+
+
 def test_bad_input_sends_nothing(sent: list[dict]) -> None:
     with pytest.raises(ValueError):
         emit_health_risk("a100-0", 1, 2.0, {}, "sku")
     with pytest.raises(ValueError):
         emit_health_risk("", 1, 0.9, {}, "sku")
+    with pytest.raises(ValueError, match="horizon_s"):
+        emit_health_risk("a100-0", 1, 0.9, {}, "sku", horizon_s=0.0)
+    with pytest.raises(ValueError, match="decision"):
+        emit_health_risk("a100-0", 1, 0.9, {}, "sku", decision={"action": "panic"})
     assert sent == []
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.tasks.health.baselines import RuleModel
-from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk
+from gpuflow.tasks.health.decision import DeviceCosts, JobCosts
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, health_risk_payload
 from gpuflow.tasks.health.features import WINDOW_BUCKETS
 from gpuflow.tasks.health.monitor import (
     IncidentBook,
@@ -20,9 +21,12 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def __call__(self, node, index, risk, features, sku, reason="model", missing=()) -> str:
+    def __call__(
+        self, node, index, risk, features, sku, reason="model", missing=(), **decided
+    ) -> str:
         self.calls.append((node, index, risk, reason))
         self.missing = tuple(missing)
+        self.decided = decided  # horizon_s and the decision
         return f"ev-{len(self.calls)}"
 
 
@@ -131,3 +135,47 @@ def test_a_failed_device_is_one_incident_until_repaired() -> None:
     twin.repair("a100-0", 0)
     out = run_monitor(twin, model, rounds=1, interval_s=5.0, wait=twin.advance, emit=emit)
     assert "a100-0:0" in out.cleared and len(emit.calls) == 1
+
+
+BIG_GANG = DeviceCosts((JobCosts("big", 64, 3600.0, 120.0, 600.0, 300.0),), room_elsewhere=True)
+
+
+def lookup(**by_key: DeviceCosts):
+    """A round's cost look-up: the given devices' costs, every other device idle."""
+    return lambda node, index: by_key.get(f"{node}_{index}", DeviceCosts())
+
+
+def test_the_cost_rule_opens_an_incident_far_below_the_drain_level(tmp_path: Path) -> None:
+    book = IncidentBook(tmp_path / "inc.json")
+    emit = Recorder()
+    costs = lookup(n_0=BIG_GANG)  # n:1 is idle
+    r = apply_round(risks(n_0=0.12, n_1=0.12), book, 0.85, 0.68, emit, costs=costs, model="m@1")
+    assert [e["device"] for e in r.emitted] == ["n:0"]
+    e = r.emitted[0]
+    assert (e["action"], e["model"], e["horizon_s"], e["decided_by"]) == (
+        "act",
+        "m@1",
+        1800.0,
+        "cost rule",
+    )
+    assert e["break_even_risk"] == pytest.approx(420 / 5100, abs=1e-5) and e["drain_risk"] == 0.85
+    assert e["expected_loss_gpu_s"] > e["act_cost_gpu_s"] > 0
+    assert "m@1" in e["decision"] and "30 min" in e["decision"]
+    # The idle device was decided too, and left alone.
+    assert r.decisions["n:1"].action == "watch" and "idle" in r.decisions["n:1"].why
+    # What the emitter got makes a valid event payload, decision included.
+    payload = health_risk_payload("n", 0, 0.12, {}, "sku", **emit.decided)
+    assert payload["decision"]["action"] == "act" and payload["decision"]["jobs"]
+    # Hysteresis around the break-even (0.082): open down to 80 % of it, then closed.
+    assert not apply_round(risks(n_0=0.07), book, 0.85, 0.68, emit, costs=costs).cleared
+    assert apply_round(risks(n_0=0.05), book, 0.85, 0.68, emit, costs=costs).cleared == ["n:0"]
+    assert len(emit.calls) == 1
+
+
+def test_without_costs_the_drain_level_alone_decides(tmp_path: Path) -> None:
+    book = IncidentBook(tmp_path / "inc.json")
+    emit = Recorder()
+    r = apply_round(risks(n_0=0.5, n_1=0.9), book, 0.85, 0.68, emit)
+    assert [(e["device"], e["action"]) for e in r.emitted] == [("n:1", "drain-now")]
+    assert "not looked up" in r.decisions["n:0"].why
+    assert book.open["n:1"]["decision"]["decided_by"] == "drain level"
