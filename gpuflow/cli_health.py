@@ -203,7 +203,7 @@ def decide_cmd(
     found = next((r for r in risks if (r.node, r.index) == (ref.node, ref.index)), None)
     if found is None:
         raise _fail(f"no device {ref} in this fleet")
-    d = decision_for(found, threshold, FleetCosts(Inventory()), source)
+    d = decision_for(found, threshold, FleetCosts(Inventory()), source, always_look_up=True)
     if as_json:
         console.print_json(json.dumps(d.to_dict()))
         return

@@ -115,11 +115,23 @@ def _forced(r: DeviceRisk) -> str | None:
 
 
 def decision_for(
-    r: DeviceRisk, threshold: float, costs: CostLookup | None, model: str = ""
+    r: DeviceRisk,
+    threshold: float,
+    costs: CostLookup | None,
+    model: str = "",
+    *,
+    always_look_up: bool = False,
 ) -> Decision:
     """The rule's decision for one scored device. No ``costs``: the jobs are unknown, so
-    the drain level alone decides (as for an idle device). A risk of 0 needs no look-up."""
-    looked = costs(r.node, r.index) if costs is not None and r.risk > 0 else None
+    the drain level alone decides (as for an idle device). A risk of 0 cannot outweigh
+    any cost, so the monitor skips its look-up (a fleet is mostly such devices) unless
+    ``always_look_up`` (`gpuflow health decide` shows the numbers anyway)."""
+    if costs is None:
+        looked = None
+    elif r.risk > 0 or always_look_up:
+        looked = costs(r.node, r.index)
+    else:
+        looked = DeviceCosts(jobs_known=False, note="risk 0: costs not looked up")
     return decide(r.risk, r.horizon_s, looked, model=model, drain_risk=threshold, forced=_forced(r))
 
 

@@ -41,6 +41,11 @@ from gpuflow.hardware.sim.hazard import (
     fleet_schedule,
     lead_time_s,
 )
+from gpuflow.tasks.health.decision import (
+    DEFAULT_CHECKPOINT_SAVE_S,
+    DEFAULT_RELAUNCH_S,
+    DEFAULT_RESTART_S,
+)
 
 CLASSES = ("hbm", "thermal", "xid79", "ecc-uncorrectable")
 
@@ -53,9 +58,10 @@ class FleetConfig:
     n_gpus: int = 64
     gpus_per_job: int = 8
     horizon_days: float = 365.0
-    checkpoint_cost_s: float = 120.0  # C: one synchronous checkpoint of the job
-    restart_overhead_s: float = 600.0  # R: unplanned: detect, reschedule, reload, warm up
-    migrate_cost_s: float = 300.0  # M: planned: reschedule on a leased device, reload
+    # The decision rule's defaults (tasks.health.decision): one set of cost constants.
+    checkpoint_cost_s: float = DEFAULT_CHECKPOINT_SAVE_S  # C: one synchronous checkpoint
+    restart_overhead_s: float = DEFAULT_RESTART_S  # R: unplanned: detect, reschedule, reload
+    migrate_cost_s: float = DEFAULT_RELAUNCH_S  # M: planned: reschedule on a leased device
     lead_min_s: float = 300.0  # an alarm later than this before the failure is too late
     hazard: HazardModel = field(default_factory=HazardModel)
     precursor_share: float | None = None  # None: the hazard model's class mix

@@ -74,7 +74,11 @@ def read_signal(
         decision = payload.get("decision")
         if why == "model" and isinstance(decision, Mapping) and decision.get("action"):
             # The monitor's cost decision, so the incident says why it was worth acting.
-            reason = f"{reason}, {decision['action']}: {decision.get('why', '')}"[:300]
+            by = decision.get("model") or "model ?"
+            within = payload.get("horizon_s") or decision.get("horizon_s")
+            horizon = f" within {float(within) / 60:g} min" if within else ""
+            action, why = decision["action"], decision.get("why", "")
+            reason = f"{reason} ({by}{horizon}), {action}: {why}"[:300]
     return Signal(trigger, reason, risk, features_of(payload))
 
 

@@ -15,10 +15,12 @@ import pytest
 import yaml
 from gpuflow.flows.remediate import TRIGGER_SPEC
 from gpuflow.hardware.inventory import Inventory
-from gpuflow.tasks.health.events import EVENT_NAME, emit_health_risk
+from gpuflow.tasks.health.decision import DeviceCosts, JobCosts, decide
+from gpuflow.tasks.health.events import DECISION_LABEL, EVENT_NAME, emit_health_risk
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter
 from prefect.events import DeploymentEventTrigger
+from prefect.events.schemas.events import Resource, ResourceSpecification
 from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL
 
@@ -38,6 +40,19 @@ def test_trigger_spec_is_a_valid_deployment_trigger() -> None:
     for dep in deployments:
         if dep.get("entrypoint") == "flows/remediate.py:remediate":
             assert dep["triggers"] == [TRIGGER_SPEC]
+
+
+def test_the_trigger_starts_on_act_and_drain_decisions_only() -> None:
+    """What the server matches an event's resource with (ResourceSpecification.includes)."""
+    match = ResourceSpecification(TRIGGER_SPEC["match"])
+
+    def device(**labels: str) -> Resource:
+        return Resource({"prefect.resource.id": "gpuflow.device.a100-1.1", **labels})
+
+    assert match.includes([device(**{DECISION_LABEL: "act"})])
+    assert match.includes([device(**{DECISION_LABEL: "drain-now"})])
+    assert not match.includes([device(**{DECISION_LABEL: "watch"})])
+    assert not match.includes([device()])  # an event without a decision label
 
 
 @pytest.fixture
@@ -94,8 +109,18 @@ def test_health_risk_event_starts_remediate(gpuflow_home: Path, served) -> None:
             "the trigger's automation",
         )
 
+        # The monitor's cost rule acts on a 64-GPU gang an hour after its checkpoint at a
+        # risk far below the drain level (0.85): the trigger starts on that decision.
+        gang = DeviceCosts((JobCosts("gang", 64, 3600.0, 120.0, 600.0, 300.0),), True)
+        decision = decide(0.2, 1800.0, gang, model="test-model")
+        assert decision.action == "act"
         event_id = emit_health_risk(
-            "a100-1", 1, 0.97, {"remap_pending": 1.0, "xid_memory_log": 0.69}, A100
+            "a100-1",
+            1,
+            0.2,
+            {"remap_pending": 1.0, "xid_memory_log": 0.69},
+            A100,
+            decision=decision,
         )
         EventsWorker.drain_all()
         emitted = time.monotonic()
@@ -114,9 +139,8 @@ def test_health_risk_event_starts_remediate(gpuflow_home: Path, served) -> None:
         run = runs[0]
         assert run.parameters["event_id"] == event_id
         assert run.parameters["resource_id"] == "gpuflow.device.a100-1.1"
-        assert (
-            run.parameters["payload"]["risk"] == 0.97 and run.parameters["trigger"] == "predicted"
-        )
+        assert run.parameters["payload"]["risk"] == 0.2 and run.parameters["trigger"] == "predicted"
+        assert run.parameters["payload"]["decision"]["action"] == "act"
 
         def finished() -> bool:
             state = client.read_flow_run(run.id).state

@@ -13,6 +13,7 @@ from gpuflow.tasks.health.baselines import GbtConfig
 from gpuflow.tasks.health.events import EVENT_NAME, resource_id_for
 from gpuflow.tasks.health.history import HistoryConfig
 from gpuflow.tasks.health.model import TrainConfig
+from gpuflow.tasks.health.monitor import IncidentBook, monitor_dir
 from typer.testing import CliRunner
 
 from gpuflow.cli_health import app
@@ -110,10 +111,21 @@ def test_monitor_with_rules_and_bad_parameters() -> None:
     twin.inject_fault("a100-1", 1, "remap-pending")
     out = monitor(rounds=1, model_uri="rules", fast_forward=True)
     assert [e["device"] for e in out["emitted"]] == ["a100-1:1"]
+    # The event says which model and which rule decided: the rules' risk 1.0 is at the
+    # drain level, the device idle (the inventory holds no job for it).
+    e = out["emitted"][0]
+    assert (e["action"], e["decided_by"], e["model"]) == ("drain-now", "drain level", "rules")
+    assert e["drain_risk"] == 0.85 and e["horizon_s"] == 1800.0 and e["break_even_risk"] is None
+    assert "rules" in e["decision"] and "30 min" in e["decision"]
     with pytest.raises(ValueError, match="interval_s"):
         monitor(rounds=1, interval_s=2.0)
     with pytest.raises(ValueError, match="threshold"):
         monitor(rounds=1, threshold=0.0)
+    # A bad cost default is refused, naming it, before anything is sampled or emitted.
+    twin.inject_fault("a100-0", 0, "remap-pending")
+    with pytest.raises(ValueError, match="restart_s"):
+        monitor(rounds=1, model_uri="rules", fast_forward=True, costs={"restart_s": -1.0})
+    assert "a100-0:0" not in IncidentBook(monitor_dir() / "incidents.json").open
 
 
 def test_cli_score_and_monitor_without_a_champion() -> None:
@@ -125,6 +137,15 @@ def test_cli_score_and_monitor_without_a_champion() -> None:
     res = runner.invoke(app, ["monitor", "--rounds", "1", "--model", "rules", "--fast-forward"])
     assert res.exit_code == 0, res.output
     assert "1 events emitted" in res.output
+    assert "drain-now (device lost)" in res.output
+    res = runner.invoke(app, ["decide", "--device", "v100-0:1", "--model", "rules"])
+    assert res.exit_code == 0, res.output
+    assert "v100-0:1: drain-now (device lost): model rules" in res.output
+    res = runner.invoke(app, ["decide", "--device", "a100-0:0", "--model", "rules", "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"action": "watch"' in res.output and "idle" in res.output
+    res = runner.invoke(app, ["decide", "--device", "nowhere:9", "--model", "rules"])
+    assert res.exit_code == 2 and "no device nowhere:9" in res.output
     res = runner.invoke(app, ["monitor", "--interval", "1"])
     assert res.exit_code == 2 and "interval_s" in res.output
     res = runner.invoke(app, ["train", "--nodes", "1"])

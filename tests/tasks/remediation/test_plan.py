@@ -81,6 +81,18 @@ def test_signal_takes_what_the_payload_says_and_the_caller_left_out() -> None:
     assert plan.read_signal("manual", "", None, None) == Signal("manual", "", None, {})
 
 
+def test_the_incident_reason_names_the_monitors_decision() -> None:
+    from gpuflow.tasks.health.decision import DeviceCosts, JobCosts, decide
+    from gpuflow.tasks.health.events import health_risk_payload
+
+    gang = DeviceCosts((JobCosts("gang", 64, 3600.0, 120.0, 600.0, 300.0),), True)
+    decision = decide(0.12, 1800.0, gang, model="lstm@champion")
+    payload = health_risk_payload("n", 0, 0.12, {}, "sku", decision=decision)
+    reason = plan.read_signal("predicted", "", None, payload).reason
+    assert reason.startswith("health model risk (lstm@champion within 30 min), act: risk 0.1200")
+    assert "break-even 0.0824" in reason
+
+
 def test_a_predicted_event_for_a_lost_device_is_reactive() -> None:
     signal = plan.read_signal("predicted", "", None, {"risk": 1.0, "reason": "device lost"})
     assert signal.trigger == "reactive" and signal.reason == "device lost"
