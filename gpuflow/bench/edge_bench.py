@@ -72,6 +72,37 @@ class _Config:
     throughputs_rps: list[float] = field(default_factory=list)
     pipelined_p50_s: list[float] = field(default_factory=list)
     max_abs_diff: float = 0.0
+    served_ms: list[float] = field(default_factory=list)  # each shard's compute, as served
+
+
+def _compute_counters(config: _Config) -> list[tuple[float, float]]:
+    from gpuflow.tasks.edge.serving.metrics import scrape_compute
+
+    return [scrape_compute(s.http_address) for s in config.deployment.shards]
+
+
+def _served_ms(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> list[float]:
+    """Each shard's mean compute per request between two scrapes of its /metrics."""
+    return [
+        (c1 - c0) / 1e3 / max(e1 - e0, 1.0)
+        for (c0, e0), (c1, e1) in zip(before, after, strict=True)
+    ]
+
+
+def _stage_check(config: _Config) -> dict[str, Any]:
+    """The plan's predicted compute per stage against what the servers measured."""
+    predicted = [s.compute_ms for s in config.plan.dp.shards]
+    served = config.served_ms
+    errors = [b / a - 1 for a, b in zip(predicted, served, strict=True) if a > 0]
+    slowest_predicted = max(predicted)
+    slowest_served = max(served)
+    return {
+        "stage_ms_predicted": predicted,
+        "stage_ms_served": served,
+        "stage_error_max": max(errors, key=abs) if errors else 0.0,
+        "slowest_stage_error": slowest_served / slowest_predicted - 1,
+        "planning_rounds": config.plan.rounds,
+    }
 
 
 def _start(
@@ -152,11 +183,14 @@ def _bench_model(
             for _ in range(2):
                 config.infer(sample)
         report(f"{model}: latency, {requests} interleaved requests")
+        before = [_compute_counters(c) for c in configs]
         for _ in range(requests):
             for config in configs:
                 t0 = time.perf_counter()
                 config.infer(sample)
                 config.latencies_s.append(time.perf_counter() - t0)
+        for config, start in zip(configs, before, strict=True):
+            config.served_ms = _served_ms(start, _compute_counters(config))
         for round_ in range(3):
             report(f"{model}: pipelined throughput, round {round_ + 1}/3")
             for config in configs:
@@ -211,6 +245,8 @@ def _bench_model(
             row[f"{short}_throughput_vs_whole"] = rps / whole_rps
             row[f"{short}_per_hop_overhead_ms"] = (p(config, 50) - p(whole, 50)) / (k - 1)
             row[f"{short}_max_abs_diff"] = config.max_abs_diff
+            for key, value in _stage_check(config).items():
+                row[f"{short}_{key}"] = value
         row["in_flight"] = 2 * k
         row["emulated_nodes_share_cores"] = k > len(cores)
         sections[f"{model} {k} shards"] = row
@@ -245,6 +281,8 @@ def run(quick: bool = False, report: Report = print) -> dict:
         plan = [("resnet18-digits", [2], 8)]
     else:
         plan = [("resnet50", [2, 4], 20), ("resnet152", [4], 12)]
+    from gpuflow.bench import edge_hop_bench
+
     result: dict[str, Any] = {
         "setup": {
             "cpu": platform.processor() or platform.machine(),
@@ -256,6 +294,11 @@ def run(quick: bool = False, report: Report = print) -> dict:
     }
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuflow-edge-bench-{os.getpid()}"
     bench_names: list[str] = []
+    # Per-hop overhead at 1.6 MB: two shards (one core each where there are two), then four.
+    for k in (2,) if quick else (2, 4):
+        result[f"hop {k} shards"] = edge_hop_bench.run(
+            k=k, requests=30 if quick else 200, rounds=3 if quick else 8, report=report
+        )
     try:
         for model, ks, requests in plan:
             sections = _bench_model(model, ks, requests, cores, work, report)

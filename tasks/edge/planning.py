@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,13 @@ from gpuflow.tasks.edge.manifest import file_sha256
 from gpuflow.tasks.edge.nodes import node_capacity
 from gpuflow.tasks.edge.partition import (
     ChainCosts,
+    NodeCapacity,
     PartitionError,
     Plan,
     best_placement,
     check_split_pays,
     equal_op_split,
+    evaluate_split,
 )
 from gpuflow.tasks.edge.profile import NodeProfile, segment_costs_ms
 from gpuflow.tasks.edge.served_profile import settle_plan
@@ -82,9 +84,9 @@ def plan_shards(
     None lets the planner choose (one node alone when no split is faster). With
     ``as_served`` the plan is settled on shard times measured as served
     (served_profile.py). ``stored`` (a previous version's ``plan_costs``, see
-    stored_plan_costs) starts from that version's settled costs, and when they give the same
-    plan it is taken as it was, with its measured stage times, not measured again (a
-    redeploy then cuts exactly as before). PlanRefusedError when a split of ``k`` is
+    stored_plan_costs) is taken as it was, with its settled costs and measured stage
+    times, not measured again, while its nodes are still in the fleet and the shard count
+    asked for (if any) is its own (a redeploy then cuts exactly as before). PlanRefusedError when a split of ``k`` is
     predicted slower than one node serving the model whole."""
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise PartitionError(f"k must be a positive int, got {k!r}")
@@ -104,16 +106,23 @@ def plan_shards(
             chain_costs(cuts, segment_ms), capacities, shards=k, batch=profile.batch
         )
 
+    def price_as(segment_ms: list[float], cut_at: list[int], on: list[str]) -> Plan:
+        by_name = {c.name: c for c in capacities}
+        plan = evaluate_split(
+            chain_costs(cuts, segment_ms), [by_name[n] for n in on], cut_at, batch=profile.batch
+        )
+        return replace(plan, method="dp")
+
     segment_ms = segment_costs_ms(profile, cuts.node_names, cuts.segments)
     served_ms: list[float] | None = None
     rounds = 0
-    if stored is not None and len(stored["segment_ms"]) == len(segment_ms):
+    dp: Plan | None = None
+    if stored is not None and _reusable(stored, len(segment_ms), capacities, k):
+        # The previous version's plan as it was settled, with its measured stage times.
         segment_ms = list(stored["segment_ms"])
-        again = plan_with(segment_ms)
-        if _signature(again) == stored["plan"]:
-            as_served = False  # the stored plan, as measured then
-            served_ms, rounds = stored.get("served_ms"), int(stored.get("rounds", 0))
-    if as_served:
+        dp = price_as(segment_ms, stored["plan"]["cuts"], stored["plan"]["nodes"])
+        served_ms, rounds = stored.get("served_ms"), int(stored.get("rounds", 0))
+    elif as_served:
         settled = settle_plan(
             model,
             cuts,
@@ -121,6 +130,7 @@ def plan_shards(
             plan_with,
             exported.sample_inputs(batch=profile.batch),
             intra_op_threads=profile.intra_op_threads,
+            price=lambda costs, p: price_as(costs, p.cuts, [s.node for s in p.shards]),
         )
         dp, segment_ms, served_ms, rounds = (
             settled.plan,
@@ -137,6 +147,21 @@ def plan_shards(
     sizes = [len(s) for s in cuts.segments]
     equal = equal_op_split(costs, chosen, sizes, batch=profile.batch)
     return PlanResult(cuts, segment_ms, dp, equal, profile.batch, served_ms, rounds)
+
+
+def _reusable(
+    stored: dict[str, Any], segments: int, capacities: list[NodeCapacity], k: int | None
+) -> bool:
+    """A stored plan is taken again when it cut this graph and its nodes are still in
+    the fleet (and it has the number of shards asked for, if one was)."""
+    nodes = stored.get("plan", {}).get("nodes", [])
+    names = {c.name for c in capacities}
+    return (
+        len(stored.get("segment_ms", [])) == segments
+        and bool(nodes)
+        and set(nodes) <= names
+        and (k is None or k == len(nodes))
+    )
 
 
 def _signature(plan: Plan) -> dict[str, Any]:

@@ -51,29 +51,27 @@ def time_shards(
     """Median ms of each shard of ``plan``, run as served, on the chain's own activations."""
     boundaries = cuts.boundaries
     extractor = onnx.utils.Extractor(model)
-    feed = dict(inputs)
-    out: list[float] = []
+    stages: list[tuple[ort.InferenceSession, str, str]] = []
     for shard in plan.shards:
         first, last = boundaries[shard.first_segment].name, boundaries[shard.stop_segment].name
-        if len(plan.shards) == 1:
-            part = model
-        else:
-            part = extractor.extract_model([first], [last])
+        part = model if len(plan.shards) == 1 else extractor.extract_model([first], [last])
         session = ort.InferenceSession(
             part.SerializeToString(),
             served_session_options(intra_op_threads),
             providers=["CPUExecutionProvider"],
         )
-        x = {first: next(iter(feed.values()))}
-        times = []
-        for i in range(warmup + runs):
+        stages.append((session, first, last))
+    # A request at a time through the whole chain, as served: each shard runs after the
+    # others have had the caches, not in a warm loop of its own.
+    times: list[list[float]] = [[] for _ in stages]
+    for i in range(warmup + runs):
+        x = next(iter(inputs.values()))
+        for j, (session, first, last) in enumerate(stages):
             started = time.perf_counter()
-            result = session.run([last], x)
+            x = session.run([last], {first: x})[0]
             if i >= warmup:
-                times.append(time.perf_counter() - started)
-        out.append(statistics.median(times) * 1000.0)
-        feed = {last: result[0]}
-    return out
+                times[j].append(time.perf_counter() - started)
+    return [statistics.median(t) * 1000.0 for t in times]
 
 
 def settle_plan(
@@ -84,28 +82,38 @@ def settle_plan(
     inputs: dict[str, np.ndarray],
     *,
     intra_op_threads: int,
+    price: Callable[[list[float], Plan], Plan],
     rounds: int = 3,
 ) -> ServedTiming:
-    """Plan, time the shards as served, rescale, plan again (see the module docstring)."""
+    """Plan, time the shards as served, rescale, plan again (see the module docstring).
+    Out of rounds, the plan whose measured slowest stage was the smallest is taken, priced
+    (``price``: the same cuts and nodes) with the costs its own round measured."""
     costs = list(segment_ms)
     plan = plan_with(costs)
-    served: list[float] = []
+    tried: list[tuple[float, ServedTiming]] = []
     for done in range(1, rounds + 1):
         served = time_shards(model, cuts, plan, inputs, intra_op_threads=intra_op_threads)
+        measured_stages = []
         for shard, measured in zip(plan.shards, served, strict=True):
             a, b = shard.first_segment, shard.stop_segment
             predicted = sum(costs[a:b])
             if predicted > 0:
                 costs[a:b] = [c * measured / predicted for c in costs[a:b]]
+                # The shard's compute on its node, rescaled by what the profile missed.
+                measured_stages.append(shard.compute_ms * measured / predicted + shard.transfer_ms)
             else:  # the profile saw nothing here: spread what was measured evenly
                 costs[a:b] = [measured / (b - a)] * (b - a)
+                measured_stages.append(shard.stage_ms)
         again = plan_with(costs)
         if _same(again, plan):
             return ServedTiming(again, costs, served, done)
+        tried.append(
+            (max(measured_stages), ServedTiming(price(costs, plan), list(costs), served, done))
+        )
         plan = again
-    # Out of rounds: the last plan's own times, so what is reported was measured.
-    served = time_shards(model, cuts, plan, inputs, intra_op_threads=intra_op_threads)
-    return ServedTiming(plan, costs, served, rounds)
+    # Out of rounds (the plans oscillate between near-equal cuts): the tried plan whose
+    # slowest stage measured the smallest, with the costs of its own round.
+    return min(tried, key=lambda t: t[0])[1]
 
 
 def _same(a: Plan, b: Plan) -> bool:

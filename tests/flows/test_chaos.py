@@ -114,8 +114,8 @@ def test_predicted_hbm_fault_moves_the_job_with_zero_steps_lost(
         backend.inject_fault(node, int(index), "hbm", lead_s=4 * 3600.0)
         events: list[dict] = []
 
-        def emit(n, i, risk, features, sku, reason="model", missing=()) -> str:
-            event_id = emit_health_risk(n, i, risk, features, sku, reason=reason)
+        def emit(n, i, risk, features, sku, reason="model", missing=(), **decided) -> str:
+            event_id = emit_health_risk(n, i, risk, features, sku, reason, missing, **decided)
             events.append(
                 {
                     "node": n,

@@ -1,0 +1,25 @@
+"""The per-hop bench runs real shard processes both ways and accounts for what it measured:
+the chains compute the right sum (checked inside), the shards' own compute is subtracted,
+and shared memory leaves nothing behind in /dev/shm."""
+
+from __future__ import annotations
+
+import pytest
+from gpuflow.tasks.edge.serving import shm
+
+from gpuflow.bench import edge_hop_bench
+
+
+@pytest.mark.slow
+def test_hop_bench_measures_both_transports_and_cleans_up() -> None:
+    before = set(shm.SHM_DIR.glob("gpuflow-*"))
+    out = edge_hop_bench.run(k=2, requests=3, rounds=2, report=lambda _: None)
+    assert out["tensor_bytes"] == 512 * 28 * 28 * 4 and out["hops_per_request"] == 2
+    for label in ("raw", "shm"):
+        assert len(out[f"{label}_per_hop_ms_by_round"].split(", ")) == 2
+        # Latency is more than the shards' compute, and the hop cost is what is left.
+        latency, compute = out[f"{label}_chain_latency_ms"], out[f"{label}_compute_ms"]
+        assert 0 < compute < latency
+        assert out[f"{label}_per_hop_ms"] == pytest.approx((latency - compute) / 2)
+    assert isinstance(out["shm_meets_goal"], bool)
+    assert set(shm.SHM_DIR.glob("gpuflow-*")) <= before  # every slot unlinked
