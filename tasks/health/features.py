@@ -5,8 +5,11 @@ steps (a year of a large fleet in seconds). Both reduce to the same bucket featu
 the model trained on history scores live windows unchanged. A bucket holds what its
 samples saw: the hottest temperature, mean power/clocks/utilization/memory, the share of
 samples throttled, the growth of the error counters over the bucket, the counter totals
-and remap flags at its end, and the XIDs seen in it, counted by class. A window is the
-last ``WINDOW_BUCKETS`` buckets (1 hour), oldest first.
+and remap flags at its end, and the XIDs seen in it, counted by class (``BASE_FEATURES``);
+then the device's multi-day state at the bucket's end (``device_state.STATE_FEATURES``:
+age, prior repairs, time since the last repair / XID / remap, error rates over 1 h, 24 h,
+7 d), which outlives the window, the monitor run and repairs. A window is the last
+``WINDOW_BUCKETS`` buckets (1 hour), oldest first.
 
 ``FleetWindows`` keeps that state for a whole fleet in numpy arrays (10,000 devices
 update and assemble in milliseconds) and saves it to one .npz so that consecutive monitor
@@ -33,6 +36,11 @@ from typing import Any
 import numpy as np
 from gpuflow.hardware.backend import TELEMETRY_FIELDS, TelemetrySample
 from gpuflow.hardware.health import CRITICAL_XIDS
+from gpuflow.tasks.health.device_state import (
+    STATE_FEATURES,
+    DeviceState,
+    advance,
+)
 
 BUCKET_S = 300.0  # one bucket: 5 minutes of samples
 WINDOW_BUCKETS = 12  # one window: the last hour
@@ -50,7 +58,7 @@ THERMAL_REASONS = frozenset(
     {"SwThermalSlowdown", "HwSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
 )
 
-FEATURES: tuple[str, ...] = (
+BASE_FEATURES: tuple[str, ...] = (
     "temperature_c",  # hottest sample of the bucket
     "temperature_trend_c_per_h",  # change of temperature_c since the previous bucket
     "thermal_c_per_w",  # (temperature - 25 C) / power: rises as a thermal interface degrades
@@ -72,6 +80,9 @@ FEATURES: tuple[str, ...] = (
     "xid_app_log",
     "xid_other_log",
 )
+N_BASE = len(BASE_FEATURES)
+# Each bucket also carries the device's multi-day state at its end (device_state).
+FEATURES: tuple[str, ...] = BASE_FEATURES + STATE_FEATURES
 N_FEATURES = len(FEATURES)
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
 
@@ -94,6 +105,10 @@ FEATURE_INPUTS: dict[str, frozenset[str]] = {
     "xid_bus_log": frozenset({"xids"}),
     "xid_app_log": frozenset({"xids"}),
     "xid_other_log": frozenset({"xids"}),
+    "since_xid_h_log": frozenset({"xids"}),
+    "since_remap_h_log": _REMAPPED,
+    **{f"ecc_rate_{p}_log": frozenset({"ecc_corrected_total"}) for p in ("1h", "24h", "7d")},
+    **{f"xid_rate_{p}_log": frozenset({"xids"}) for p in ("1h", "24h", "7d")},
 }
 if not all(f in FEATURE_INDEX and v <= TELEMETRY_FIELDS for f, v in FEATURE_INPUTS.items()):
     raise RuntimeError("FEATURE_INPUTS: unknown feature or field")  # pragma: no cover
@@ -130,7 +145,7 @@ def _zero_growth(b: np.ndarray, cols: list[int]) -> None:
     b[..., cols] = np.where(np.isnan(sub), np.nan, 0.0)
 
 
-_NO_GROWTH_COLS = [1, 9, 10, 16, 17, 18, 19]  # trend, counter growth, XIDs
+_NO_GROWTH_COLS = [1, 9, 10, 16, 17, 18, 19]  # trend, counter growth, XIDs (base columns)
 
 # Per-sample "mean" channels accumulated in a bucket (temperature is a max, kept apart).
 _MEAN_CHANNELS = (
@@ -174,15 +189,16 @@ def bucket_matrix(
     first_prev_temperature_c: float | None = None,
     bucket_s: float = BUCKET_S,
 ) -> np.ndarray:
-    """Feature vectors of buckets (FEATURES order); the history and the live windows both
-    build their buckets here, so the two cannot drift apart.
+    """Base feature vectors of buckets (BASE_FEATURES order; ``with_state`` adds the rest);
+    the history and the live windows both build their buckets here, so the two cannot
+    drift apart.
 
     A counter that went down was reset (a repair): its growth counts from zero. Shapes:
     temperature_c [n], means [n, 7] (_MEAN_CHANNELS), counters_* [n, 3] (corrected,
     uncorrected, remapped total), flags [n], xid_counts [n, 4]. The trend of bucket i uses bucket i-1 (``first_prev_temperature_c`` for bucket 0).
     """
     n = len(temperature_c)
-    out = np.empty((n, N_FEATURES), dtype=np.float32)
+    out = np.empty((n, N_BASE), dtype=np.float32)
     out[:, 0] = temperature_c
     prev = np.empty(n, dtype=np.float64)
     if n:
@@ -198,6 +214,33 @@ def bucket_matrix(
     out[:, 15] = remap_failure
     out[:, 16:20] = np.log1p(xid_counts)
     return out
+
+
+_ECC_DELTA = FEATURE_INDEX["ecc_corrected_delta_log"]
+_XID_CRIT = [FEATURE_INDEX["xid_memory_log"], FEATURE_INDEX["xid_bus_log"]]
+_REMAPPED_COL = FEATURE_INDEX["remapped_rows_total_log"]
+
+
+def with_state(
+    state: DeviceState,
+    base: np.ndarray,
+    t_end: np.ndarray,
+    repaired: np.ndarray,
+    bucket_s: float = BUCKET_S,
+) -> tuple[DeviceState, np.ndarray]:
+    """(the state after them, full buckets [n, k, F]) of ``k`` consecutive base buckets
+    [n, k, N_BASE] per device ending at ``t_end`` [n] (first bucket) onwards; ``repaired``
+    [n, k]: a repair happened in that bucket. The one path from base buckets to features,
+    for the live windows (k = 1) and the history (a segment)."""
+    base = np.asarray(base, dtype=np.float32)
+    ecc = np.expm1(base[..., _ECC_DELTA].astype(np.float64))
+    crit = np.expm1(base[..., _XID_CRIT].astype(np.float64))
+    xid = np.where(np.isnan(crit).all(axis=-1), np.nan, np.nansum(crit, axis=-1))
+    remapped = base[..., _REMAPPED_COL].astype(np.float64)
+    new, cols = advance(
+        state, ecc, xid, remapped, np.asarray(t_end, np.float64), repaired, bucket_s
+    )
+    return new, np.concatenate([base, cols], axis=-1)
 
 
 def sliding_windows(buckets: np.ndarray, window: int = WINDOW_BUCKETS) -> np.ndarray:
@@ -273,6 +316,9 @@ class FleetWindows:
         self.last_flags = np.zeros((0, 2), dtype=np.float64)
         self.prev_temp = np.full(0, np.nan, dtype=np.float64)  # last completed bucket's temp
         self.last_ts = np.full(0, -np.inf, dtype=np.float64)
+        # The multi-day record (device_state): never reset, only advanced.
+        self.state = DeviceState.empty(0)
+        self.acc_repaired = np.zeros(0, dtype=bool)  # a repair seen in the bucket in progress
 
     # -- rows -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -308,10 +354,13 @@ class FleetWindows:
             self.last_flags = np.concatenate([self.last_flags, np.zeros((m, 2))])
             self.prev_temp = np.concatenate([self.prev_temp, np.full(m, np.nan)])
             self.last_ts = np.concatenate([self.last_ts, np.full(m, -np.inf)])
+            self.state = DeviceState.concat([self.state, DeviceState.empty(m)])
+            self.acc_repaired = np.concatenate([self.acc_repaired, np.zeros(m, dtype=bool)])
         return np.fromiter(map(row.__getitem__, keys), dtype=np.int64, count=len(keys))
 
     def reset_rows(self, rows: np.ndarray) -> None:
-        """Forget the history of these devices (repaired, replaced, or back after a gap)."""
+        """Forget the window of these devices (repaired, replaced, or back after a gap);
+        their multi-day record (``state``) carries on."""
         self.n_done[rows] = 0
         self.bucket_id[rows] = -1
         self.acc_n[rows] = 0
@@ -402,7 +451,10 @@ class FleetWindows:
         gap = (self.bucket_id[rows] >= 0) & (bid - self.bucket_id[rows] > self.window)
         restart = repaired | gap
         if restart.any():
-            self.reset_rows(rows[restart])
+            # The record keeps what the bucket in progress saw before the window restarts.
+            r = rows[restart]
+            self.state.put(r, self._with_current(r)[0])
+            self.reset_rows(r)
         cur = self.bucket_id[rows]
         advancing = (cur >= 0) & (bid > cur)
         if advancing.any():
@@ -415,12 +467,15 @@ class FleetWindows:
             self.acc_means[r] = 0.0
             self.acc_temp_max[r] = -np.inf
             self.acc_xids[r] = 0.0
+            self.acc_repaired[r] = False
             # The bucket's growth counts from the previous sample (continuous deltas);
             # a device seen for the first time starts from its current counters.
             first = ~np.isfinite(self.last_ts[r])
             start = self.last_counters[r].copy()
             start[first] = counters[opening][first]
             self.acc_start[r] = start
+        if repaired.any():
+            self.acc_repaired[rows[repaired]] = True  # the record counts the repair
         self.acc_n[rows] += 1
         self.acc_means[rows] += means
         self.acc_temp_max[rows] = np.maximum(self.acc_temp_max[rows], temps)
@@ -429,7 +484,8 @@ class FleetWindows:
         self.last_flags[rows] = flags
         self.last_ts[rows] = ts
 
-    def _current_buckets(self, rows: np.ndarray) -> np.ndarray:
+    def _current_base(self, rows: np.ndarray) -> np.ndarray:
+        """Base features (BASE_FEATURES) of the buckets in progress."""
         n = np.maximum(self.acc_n[rows], 1)[:, None]
         temps = self.acc_temp_max[rows]
         out = bucket_matrix(
@@ -447,17 +503,45 @@ class FleetWindows:
         out[:, 1] = np.where(np.isnan(prev), 0.0, (temps - prev) * 3600.0 / self.bucket_s)
         return out
 
+    def _bucket_end(self, rows: np.ndarray, ahead: int = 0) -> np.ndarray:
+        return (self.bucket_id[rows] + 1 + ahead).astype(np.float64) * self.bucket_s
+
+    def _with_current(self, rows: np.ndarray) -> tuple[DeviceState, np.ndarray]:
+        """(the record with the buckets in progress folded in, their full features)."""
+        new, out = with_state(
+            self.state.take(rows),
+            self._current_base(rows)[:, None],
+            self._bucket_end(rows),
+            self.acc_repaired[rows][:, None],
+            self.bucket_s,
+        )
+        return new, out[:, 0]
+
+    def _current_buckets(self, rows: np.ndarray) -> np.ndarray:
+        """Full features of the buckets in progress (the record not yet advanced)."""
+        return self._with_current(rows)[1]
+
     def _close_buckets(self, rows: np.ndarray, steps: np.ndarray) -> None:
         """Push the bucket in progress; missing buckets in a short gap repeat it, with no
-        counter growth and no XIDs (nothing was seen then)."""
-        cur = self._current_buckets(rows)
+        counter growth and no XIDs (nothing was seen then). The record advances by each."""
+        cur = self._current_base(rows)
         for k in range(int(steps.max())):
             sel = steps > k
             r = rows[sel]
-            b = cur[sel]
+            base = cur[sel]
             if k > 0:
-                b = b.copy()
-                _zero_growth(b, _NO_GROWTH_COLS)  # no trend, growth or XIDs (NaN stays)
+                base = base.copy()
+                _zero_growth(base, _NO_GROWTH_COLS)  # no trend, growth or XIDs (NaN stays)
+            repaired = self.acc_repaired[r] if k == 0 else np.zeros(len(r), dtype=bool)
+            new, full = with_state(
+                self.state.take(r),
+                base[:, None],
+                self._bucket_end(r, k),
+                repaired[:, None],
+                self.bucket_s,
+            )
+            self.state.put(r, new)
+            b = full[:, 0]
             self.done[r, :-1] = self.done[r, 1:]
             self.done[r, -1] = b
             self.n_done[r] = np.minimum(self.n_done[r] + 1, self.window)
@@ -522,6 +606,8 @@ class FleetWindows:
             last_flags=self.last_flags,
             prev_temp=self.prev_temp,
             last_ts=self.last_ts,
+            acc_repaired=self.acc_repaired,
+            **{f"state_{k}": v for k, v in self.state.arrays().items()},
         )
         fd, tmp = tempfile.mkstemp(prefix=".windows-", suffix=".npz", dir=path.parent)
         try:
@@ -559,8 +645,12 @@ class FleetWindows:
                 "last_flags",
                 "prev_temp",
                 "last_ts",
+                "acc_repaired",
             ):
                 setattr(fw, name, z[name].copy())
+            fw.state = DeviceState(
+                **{k: z[f"state_{k}"].copy() for k in DeviceState.empty(0).arrays()}
+            )
         return fw
 
     @classmethod

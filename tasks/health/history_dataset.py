@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gpuflow.tasks.health.features import FEATURES
 from gpuflow.tasks.health.history_config import HISTORY_VERSION, SPLITS, HistoryConfig
 
 
@@ -109,6 +110,7 @@ class History:
             "config": self.config.model_dump(mode="json"),
             "stats": self.stats,
             "version": HISTORY_VERSION,
+            "features": list(FEATURES),
         }
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         tmp = path.with_suffix(".tmp.npz")
@@ -123,5 +125,7 @@ class History:
                 raise ValueError(
                     f"{path}: history version {meta.get('version')!r}, expected {HISTORY_VERSION}"
                 )
+            if meta.get("features") != list(FEATURES):
+                raise ValueError(f"{path}: saved with other features than this code computes")
             splits = {s: SplitData.from_arrays(s, z, f"{s}__") for s in SPLITS}
         return cls(HistoryConfig(**meta["config"]), splits, meta["stats"])

@@ -20,11 +20,16 @@ from gpuflow.hardware.sim.hazard import DAY_S
 from gpuflow.hardware.skus import SkuSpec
 from gpuflow.hardware.skus import sku as lookup_sku
 from gpuflow.hardware.telemetry_fields import real_backend_fields
+from gpuflow.tasks.health.device_state import DeviceState, state_from_events
 from gpuflow.tasks.health.features import (
     BUCKET_S,
     FEATURE_INDEX,
+    N_BASE,
+    XID_BUS,
+    XID_MEMORY,
     bucket_matrix,
     missing_features,
+    with_state,
 )
 from gpuflow.tasks.health.history_config import (
     POWER_NOISE_RATIO,
@@ -37,6 +42,8 @@ from gpuflow.tasks.health.history_noise import (
     DROPOUT_COLUMNS,
     REMAP_PROGRESS,
     dropout_buckets,
+    heal_remap_times,
+    heal_stop_s,
     noise_counters,
     noise_xids,
     progress_vec,
@@ -61,7 +68,8 @@ class Segment:
 
 
 def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarray:
-    """The segment's bucket features [n, F] (FEATURES order)."""
+    """The segment's bucket features [n, F] (FEATURES order): the base features drawn
+    here, the multi-day state from the device's record before the segment onwards."""
     s = lookup_sku(dev.sku)
     n = seg.n
     t_end = seg.t0_s + BUCKET_S * (np.arange(n) + 1)
@@ -119,9 +127,54 @@ def simulate_segment(cfg: HistoryConfig, dev: Device, seg: Segment) -> np.ndarra
         remap_failure=failure,
         xid_counts=xids,
     )
-    out[:, unreadable_columns(s)] = np.nan
-    out[np.ix_(dropout_buckets(dev, seg.t0_s, n), DROPOUT_COLUMNS)] = np.nan
-    return out
+    base_cols = [j for j in unreadable_columns(s) if j < N_BASE]
+    out[:, base_cols] = np.nan
+    out[np.ix_(dropout_buckets(dev, seg.t0_s, n), [j for j in DROPOUT_COLUMNS if j < N_BASE])] = (
+        np.nan
+    )
+    remapped0 = np.nan if np.isnan(out[0, _REMAPPED]) else np.log1p(counters_start[0, 2])
+    start = record_before(dev, seg.t0_s, np.float32(remapped0))
+    _, full = with_state(
+        start, out[None], np.asarray([seg.t0_s + BUCKET_S]), np.zeros((1, n), bool)
+    )
+    return full[0]
+
+
+_REMAPPED = FEATURE_INDEX["remapped_rows_total_log"]
+_CRITICAL = XID_MEMORY | XID_BUS
+
+
+def record_before(dev: Device, t0_s: float, remapped_log: float = np.nan) -> DeviceState:
+    """The device's multi-day state at ``t0_s`` from its record (device_state): repairs;
+    critical XIDs and remaps of benign remaps, healed degradations and earlier precursors,
+    and earlier failures' final XIDs; corrected errors of bursts, healed degradations (at
+    their stop) and earlier HBM precursors (at their failure) as point events. The live
+    monitor accumulates the same events bucket by bucket; placing a precursor's errors at
+    one point is the approximation (it only shifts them within the days before)."""
+    remaps = [r.t_s for r in dev.remaps]
+    errors = list(zip(dev.burst_t, map(float, dev.burst_n), strict=True))
+    xids: list[float] = []
+    for h in dev.heals:
+        remaps += heal_remap_times(h)
+        errors.append((heal_stop_s(h), h.errors_at_failure * h.stop_at**2))
+    for f in dev.faults:
+        if f.failure_s >= t0_s:
+            continue
+        fd = f.fault_dict()
+        if fd is not None and fd["kind"] == "hbm":
+            remaps += _remap_times(fd)
+            errors.append((f.failure_s, float(F.hbm_errors_at_failure(fd))))
+        if f.final_xid in _CRITICAL:
+            xids.append(f.failure_s)
+    return state_from_events(
+        t0_s,
+        first_seen_s=0.0,
+        repairs=[f.repaired_s for f in dev.faults],
+        xids=xids + remaps,
+        remaps=remaps,
+        errors=errors,
+        remapped_log=remapped_log,
+    )
 
 
 def unreadable_columns(s: SkuSpec) -> list[int]:

@@ -69,6 +69,12 @@ def _noise_pieces(
     return out
 
 
+def _next_failure(dev: Device, t: np.ndarray) -> np.ndarray:
+    """The device's next failure after each time (inf: none in the history)."""
+    times = np.sort(np.asarray([f.failure_s for f in dev.faults] + [np.inf]))
+    return times[np.searchsorted(times, t, side="right")]
+
+
 def build_split(
     cfg: HistoryConfig, name: str, si: int, devs: list[Device], t0: float, t1: float
 ) -> SplitData:
@@ -145,7 +151,9 @@ def build_split(
         if seg.fault is not None:
             ttfs.append(seg.fault.failure_s - t_end)
         else:
-            ttfs.append(np.full(len(k), np.inf))
+            # Background is away from incidents, not from failures days ahead: the labels
+            # of the longer horizons (up to 72 h) need the device's next failure.
+            ttfs.append(_next_failure(by_ordinal[seg.ordinal], t_end) - t_end)
         segs.append(np.full(len(k), si_))
         kinds.append(0 if seg.kind == "incident" else 1)
         n_noise_windows += len(k) if seg.kind == "noise" else 0

@@ -11,6 +11,7 @@ from gpuflow.hardware.sim import faults as F
 from gpuflow.hardware.sim.hazard import DAY_S, device_schedule
 from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INDEX
 from gpuflow.tasks.health.history import (
+    ABRUPT_LOOKBACK_S,
     U_STEP,
     Device,
     History,
@@ -74,7 +75,10 @@ def test_labels_and_weights(tiny_history: History) -> None:
         assert np.all(np.diff(sp.t_end_s[w]) == BUCKET_S)
     # background windows stand for the split's healthy device-time
     bg = sp.seg_kind[sp.seg] == 1
-    assert np.all(np.isinf(sp.ttf_s[bg]))
+    # ... and say how far the device's next failure is (inf: none), never inside an
+    # incident: the labels of the longer horizons need it
+    assert np.all(sp.ttf_s[bg] > ABRUPT_LOOKBACK_S - 1.0)
+    assert np.isfinite(sp.ttf_s[bg]).any() and np.isinf(sp.ttf_s[bg]).any()
     assert sp.weight[bg].sum() == pytest.approx(
         sp.background_device_days * DAY_S / BUCKET_S, rel=1e-6
     )
