@@ -72,6 +72,7 @@ BENCHMARKS = (
     "distributed",
     "energy",
     "multimodal",
+    "isolation",
 )
 
 

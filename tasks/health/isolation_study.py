@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,16 +159,20 @@ def reduction_ci(
         with np.errstate(divide="ignore", invalid="ignore"):
             return 1.0 - y.mean(axis=axis) / x.mean(axis=axis)
 
-    res = stats.bootstrap(
-        (b, o),
-        ratio,
-        paired=True,
-        vectorized=True,
-        confidence_level=level,
-        method="percentile",
-        n_resamples=2000,
-        rng=np.random.default_rng(0),
-    )
+    with warnings.catch_warnings():
+        # Every resample giving the same ratio (e.g. a fixed share of events contained) is
+        # an interval of zero width, not a problem.
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        res = stats.bootstrap(
+            (b, o),
+            ratio,
+            paired=True,
+            vectorized=True,
+            confidence_level=level,
+            method="percentile",
+            n_resamples=2000,
+            rng=np.random.default_rng(0),
+        )
     lo, hi = res.confidence_interval
     return point, float(lo), float(hi)
 
@@ -264,9 +269,9 @@ def tenant_interruptions(events: Events, tenants: int, mode: str) -> int:
 def multi_tenant_incidents(events: Events, tenants: int, mode: str) -> int:
     """Events that interrupt two tenants or more (another reading of "multi-tenant
     failures": incidents that reach beyond the tenant that caused them)."""
-    counts = [interrupted(e.scope, tenants, mode) for e in events.device]
-    counts += [interrupted(CONTEXT, tenants, mode)] * len(events.app_gpu)
-    return sum(1 for c in counts if c >= 2)
+    device = sum(1 for e in events.device if interrupted(e.scope, tenants, mode) >= 2)
+    app = len(events.app_gpu) if interrupted(CONTEXT, tenants, mode) >= 2 else 0
+    return device + app
 
 
 @dataclass(frozen=True)
