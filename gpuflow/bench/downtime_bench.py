@@ -1,357 +1,283 @@
-"""`gpuflow bench downtime`: unplanned downtime and ETTR with and without prediction.
+"""`gpuflow bench downtime`: unplanned downtime and ETTR, reactive vs spares vs prediction,
+and the verdict on the seed's "the health system cut unplanned downtime by 67 %".
 
-A discrete-event simulation (tasks.remediation.downtime_sim) of a 64-GPU fleet of 8-GPU
-jobs for a year under the twin's failure model, over many seeds (one simulated
-fleet-year each), compares (a) reactive restart from Young/Daly checkpoints, (b) the
-threshold rules, (c) the LSTM and (d) an oracle; the rules' and the LSTM's per-class
-recall, lead times and false-alarm rate are the health model's own test-split
-measurements (the latest `gpuflow-health` MLflow run) when there is one, else assumed
-values, and the result says which. Also: a 1024-GPU gang job (where failures are frequent
-enough to move ETTR), and a sweep over the share of failures that have precursors (the
-oracle's reduction is capped by it). Results: MLflow experiment "gpuflow-downtime"
-(parent run with the comparison, one child run per strategy, plots).
+Two studies (issue 15, item 5):
+
+1. **Alarm streams** (tasks.remediation.alarm_stream): the health models (threshold rules,
+   GBT, LSTM; random at the LSTM's alert rate; an oracle) are trained on twin fleet
+   histories of several seeds (tasks.health.pipeline) and their actual alarms on each
+   history's held-out test split, with the split's actual failures, drive the jobs on
+   those devices. Intervals: bootstrap over history seeds and devices.
+2. **InfiniteHBD replay** (tasks.remediation.trace_replay): the real fault sequence (start
+   and end per node) on 400 nodes x 8 GPUs in 16-node gang jobs: reactive restart (wait for
+   the repair), failover to spares, and predicted checkpoint-and-migrate with the recall
+   and false-alarm rate each model measured in study 1 (and the bound of foreseeing every
+   GPU fault of a kind with precursors). GPU faults and the other classes separately.
+   Intervals: bootstrap over nodes. A sensitivity row caps the reactive wait (a job
+   rescheduled elsewhere after at most 1 h / 4 h / 24 h).
+
+Results: MLflow experiment "gpuflow-downtime" (metrics, a bar plot with CI whiskers, the
+whole result as JSON).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
+import re
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from gpuflow.hardware.sim.hazard import ABRUPT_KINDS, PRECURSOR_KINDS
-from gpuflow.tasks.remediation.downtime_sim import (
-    CLASSES,
-    REACTIVE,
-    FleetConfig,
-    Predictor,
-    false_alarm_rate_for,
-    oracle,
-    simulate,
-    summarize,
-)
+from gpuflow.tasks.remediation import alarm_stream, trace_replay
+from gpuflow.tasks.remediation.downtime_sim import SEED_CLAIM, DowntimeCosts, claim_verdict
 
 Report = Callable[[str], None]
 EXPERIMENT = "gpuflow-downtime"
-HEALTH_EXPERIMENT = "gpuflow-health"
-SEED_CLAIM = 0.67  # "the health system cut unplanned downtime by 67 %" (DESIGN.md section 10)
-SWEEP = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-
-# Used only when no health-model evaluation is in MLflow; said so in every result.
-ASSUMED = {
-    # Threshold rules on the twin fire on the XID 63 remaps that precede every HBM failure
-    # hours ahead, and on > 85 C for part of the thermal ones.
-    "rules": ({"hbm": 0.9, "thermal": 0.5}, 0.6, (1800.0, 4 * 3600.0, 12 * 3600.0)),
-    # An LSTM at ~84 % precision (Liu et al. 2022's ensemble), alarms within its 30 min horizon.
-    "lstm": ({"hbm": 0.8, "thermal": 0.7}, 0.84, (600.0, 1200.0, 1800.0)),
-}
+RESCHEDULE_CAPS_S = (3600.0, 4 * 3600.0, 24 * 3600.0)
+KEY = "unplanned_gpu_h_per_1000_dd"
+MODELS = ("rules", "gbt", "lstm", "gbt@cost", "lstm@cost")
+# Replay bootstrap resamples: (the main tables, each reschedule-cap row).
+QUICK_REPLAY_RESAMPLES = (100, 50)
+FULL_REPLAY_RESAMPLES = (1000, 500)
 
 
-def _measured_predictor(metrics: dict[str, float], name: str, prefix: str = "") -> Predictor | None:
-    key = f"{prefix}{name}"
-    if f"{key}_recall" not in metrics:
-        return None
-    # A class with no failure in the test split has no recall (MLflow has no metric): a
-    # precursor class then takes the model's recall over all precursor classes, an abrupt
-    # one 0 (nothing precedes it).
-    pre = float(metrics.get(f"{key}_recall_precursor_classes", float("nan")))
-    recall = {}
-    for c in CLASSES:
-        v = float(metrics.get(f"{key}_recall_{c.replace('-', '_')}", float("nan")))
-        if math.isnan(v):
-            v = pre if c in PRECURSOR_KINDS and not math.isnan(pre) else 0.0
-        recall[c] = v
-    lead = tuple(float(metrics.get(f"{key}_lead_p{q}_s", float("nan"))) for q in (10, 50, 90))
-    if any(math.isnan(v) for v in lead):
-        lead = (600.0, 1200.0, 1800.0)
-    fa = float(metrics.get(f"{key}_fa_per_1000_device_days", 0.0))
-    return Predictor(
-        name if not prefix else f"{name}-tuned",
-        recall,
-        0.0 if math.isnan(fa) else fa,
-        lead,
-        "measured",
-    )  # type: ignore[arg-type]
+def _ci(row: dict[str, float], key: str, fmt: str = "{:.1f}") -> str:
+    if key not in row or (isinstance(row[key], float) and math.isnan(row[key])):
+        return "n/a"
+    v, lo, hi = (row[key + s] for s in ("", "_lo", "_hi"))
+    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
-def health_measurements() -> tuple[dict[str, float], str | None]:
-    """Metrics of the newest health-model evaluation in MLflow, and its run id."""
-    try:
-        from mlflow.tracking import MlflowClient
+def _history_configs(quick: bool) -> list[Any]:
+    from gpuflow.tasks.health.history import HistoryConfig
 
-        from gpuflow.tasks.tracking import tracking_uri
-
-        client = MlflowClient(tracking_uri())
-        exp = client.get_experiment_by_name(HEALTH_EXPERIMENT)
-        if exp is None:
-            return {}, None
-        for run in client.search_runs(
-            [exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=20
-        ):
-            if "lstm_recall" in run.data.metrics:
-                return dict(run.data.metrics), run.info.run_id
-    except Exception:  # noqa: BLE001 - no store, no run: fall back to assumptions
-        pass
-    return {}, None
+    if quick:  # one small fleet: a smoke run, its intervals are wide
+        return [HistoryConfig.small(seed=1, nodes=48, days=60.0)]
+    return [HistoryConfig.small(seed=s) for s in (1, 2, 3, 4, 5)]
 
 
-def predictors(cfg: FleetConfig) -> tuple[list[Predictor], dict[str, str]]:
-    """(reactive, rules, lstm[, lstm-tuned], oracle) and where each one's figures come from."""
-    metrics, run_id = health_measurements()
-    out = [REACTIVE]
-    sources = {"reactive": "no prediction", "oracle": "perfect on precursor classes"}
-    for name in ("rules", "lstm"):
-        found = _measured_predictor(metrics, name)
-        if found is not None:
-            out.append(found)
-            sources[name] = f"measured: gpuflow-health run {run_id}"
+def run_alarm_streams(quick: bool, report: Report, resamples: int) -> alarm_stream.StreamStudy:
+    from gpuflow.tasks.health.history import load_or_generate
+    from gpuflow.tasks.health.model import TrainConfig
+
+    tc = TrainConfig.small()
+    seeds = []
+    for hc in _history_configs(quick):
+        report(f"alarm streams: history seed {hc.seed}")
+        history, _cached = load_or_generate(hc)
+        report(f"alarm streams: training on seed {hc.seed}")
+        risks = alarm_stream.trained_risks(history, tc, DowntimeCosts())
+        seeds.append(alarm_stream.seed_streams(history, risks))
+    return alarm_stream.study(seeds, DowntimeCosts(), resamples=resamples)
+
+
+def replay_predictors(streams: alarm_stream.StreamStudy) -> list[trace_replay.Predictor]:
+    """Each model's recall and false-alarm rate as measured in the alarm-stream study."""
+    out = []
+    for name, row in streams.table.items():
+        if name == alarm_stream.REACTIVE:
             continue
-        recall, precision, lead = ASSUMED[name]
+        rec = {
+            trace_replay.PRECURSOR: row["recall_precursor_classes"],
+            trace_replay.ABRUPT: row["recall_abrupt_classes"],
+        }
         out.append(
-            Predictor(name, recall, false_alarm_rate_for(precision, recall, cfg), lead, "assumed")
+            trace_replay.Predictor(
+                name,
+                {k: 0.0 if math.isnan(v) else v for k, v in rec.items()},
+                row["false_alarms_per_1000_dd"],
+                f"measured on the twin's held-out histories ({streams.seeds} seeds)",
+            )
         )
-        sources[name] = (
-            f"assumed (no health evaluation in MLflow): recall {recall}, precision {precision}"
+    return [*out, trace_replay.PRECURSOR_BOUND]
+
+
+def _rows(
+    table: dict[str, dict[str, float]], measures: tuple[tuple[str, str, str], ...]
+) -> dict[str, str]:
+    """'<strategy>: <measure>' -> 'value [lo, hi]' for the measures a strategy has."""
+    return {
+        f"{name}: {label}": _ci(row, key, fmt)
+        for name, row in table.items()
+        for label, key, fmt in measures
+        if key in row
+    }
+
+
+STREAM_MEASURES = (
+    ("unplanned GPU-h / 1000 device-days", KEY, "{:.1f}"),
+    ("planned GPU-h / 1000 device-days", "planned_gpu_h_per_1000_dd", "{:.1f}"),
+    ("ETTR", "ettr", "{:.5f}"),
+    ("unplanned vs reactive", "reduction", "{:.1%}"),
+    ("recall, precursor classes", "recall_precursor_classes", "{:.2f}"),
+    ("recall, abrupt classes", "recall_abrupt_classes", "{:.2f}"),
+    ("false alarms / 1000 device-days", "false_alarms_per_1000_dd", "{:.1f}"),
+)
+REPLAY_MEASURES = (
+    ("unplanned GPU-h / 1000 device-days", KEY, "{:.1f}"),
+    ("planned GPU-h / 1000 device-days", "planned_gpu_h_per_1000_dd", "{:.1f}"),
+    ("ETTR", "ettr", "{:.4f}"),
+    ("unplanned vs reactive", "reduction", "{:.1%}"),
+    ("unplanned vs spares (prediction alone)", "reduction_vs_spares", "{:.1%}"),
+    ("share of unplanned waiting for a node", "wait_share_of_unplanned", "{:.0%}"),
+)
+
+
+def run(quick: bool = False, report: Report = print) -> dict[str, Any]:
+    """Both studies and the verdict; ``quick`` is a smoke run (one small history, few
+    resamples: its intervals are wide)."""
+    started = time.perf_counter()
+    resamples = 200 if quick else 2000
+    streams = run_alarm_streams(quick, report, resamples)
+    t_streams = time.perf_counter() - started
+
+    report("InfiniteHBD replay")
+    preds = replay_predictors(streams)
+    cfg = trace_replay.ReplayConfig()
+    n_main, n_caps = QUICK_REPLAY_RESAMPLES if quick else FULL_REPLAY_RESAMPLES
+    # Non-GPU faults are never foreseen (the health model watches GPUs): that replay
+    # compares reactive and spares only.
+    replays = {
+        "gpu": trace_replay.study("gpu", preds, cfg, resamples=n_main),
+        "other": trace_replay.study("other", [], cfg, resamples=n_main),
+    }
+    gpu = replays["gpu"]
+    # The best model (not a bound, not random) on prediction alone.
+    models = [f"predicted:{m}" for m in MODELS if f"predicted:{m}" in gpu.table]
+    best = max(models, key=lambda n: gpu.table[n]["reduction_vs_spares"])
+    sensitivity: dict[str, str] = {}
+    for cap in RESCHEDULE_CAPS_S:
+        capped = trace_replay.study(
+            "gpu",
+            [p for p in preds if f"predicted:{p.name}" in (best, "predicted:precursor-bound")],
+            replace(cfg, reschedule_s=cap),
+            resamples=n_caps,
         )
-    tuned = _measured_predictor(metrics, "lstm", prefix="tuned_")
-    if tuned is not None:
-        out.append(tuned)
-        sources[tuned.name] = f"measured at the val-tuned threshold: run {run_id}"
-    out.append(oracle(cfg))
-    return out, sources
+        sensitivity[f"reactive waits <= {cap / 3600:g} h"] = claim_verdict(capped.table)
+    costs = DowntimeCosts()
+    alone = {
+        n: {k.replace("_vs_spares", ""): v for k, v in r.items() if "_vs_spares" in k}
+        for n, r in gpu.table.items()
+        if "reduction_vs_spares" in r
+    }
+    stream_models = [m for m in MODELS if m in streams.table]
+    result: dict[str, Any] = {
+        "setup": {
+            "costs (s of the gang)": f"C {costs.checkpoint_s:g}, R {costs.restart_s:g}, "
+            f"M {costs.migrate_s:g} (tasks.health.decision)",
+            "alarm streams": f"{streams.seeds} history seed(s), {streams.devices} test devices, "
+            f"{streams.device_days:.0f} device-days, {streams.failures} failures "
+            f"({streams.failures_abrupt} abrupt), 8-GPU jobs, Young/Daly T "
+            f"{streams.checkpoint_every_s / 3600:.2f} h",
+            "replay": f"InfiniteHBD, {cfg.nodes} nodes x {cfg.gpus_per_node} GPUs, "
+            f"{cfg.nodes_per_job}-node jobs, {cfg.spares} spares, {gpu.days:.0f} days; "
+            + "; ".join(
+                f"{fs}: {st.incidents} incidents {st.incidents_by_kind}, T "
+                f"{st.checkpoint_every_s / 3600:.2f} h"
+                for fs, st in replays.items()
+            ),
+            "resamples": f"alarm streams {resamples} (seeds, devices); replay {n_main} "
+            f"(nodes), {n_caps} per reschedule cap",
+            "alarm-stream wall time, s": round(t_streams, 1),
+        },
+        "alarm streams (twin, held-out test splits)": _rows(streams.table, STREAM_MEASURES),
+        "InfiniteHBD replay: gpu faults": _rows(gpu.table, REPLAY_MEASURES),
+        "InfiniteHBD replay: other faults (never foreseen)": _rows(
+            replays["other"].table, REPLAY_MEASURES
+        ),
+        "replay, gpu faults: reactive rescheduled after at most": sensitivity,
+        "verdict on -67 %": {
+            "claim": "the health system cut unplanned downtime by 67 % (DESIGN.md section 10)",
+            "alarm streams, models vs reactive": claim_verdict(streams.table, stream_models),
+            "alarm streams, oracle bound": claim_verdict(streams.table, ["oracle"]),
+            "replay gpu, spares vs reactive (waits for the repair)": claim_verdict(
+                gpu.table, ["spares"]
+            ),
+            "replay gpu, best model + spares vs reactive": claim_verdict(gpu.table, [best]),
+            "replay gpu, prediction alone (vs spares)": claim_verdict(
+                alone, [best, "predicted:precursor-bound", "predicted:oracle"]
+            ),
+            "replay other faults, spares vs reactive": claim_verdict(
+                replays["other"].table, ["spares"]
+            ),
+        },
+    }
+    report("MLflow")
+    with tempfile.TemporaryDirectory() as tmp:
+        plot = _plot(streams, gpu, Path(tmp) / "downtime_strategies.png")
+        result["setup"]["mlflow run"] = _log_mlflow(result, streams, replays, plot, quick)
+    result["setup"]["wall time, s"] = round(time.perf_counter() - started, 1)
+    return result
 
 
-def _fmt(row: dict[str, float], key: str, scale: float = 1.0, digits: int = 1) -> str:
-    return (
-        f"{row[key] * scale:.{digits}f} [{row[key + '_lo'] * scale:.{digits}f}, "
-        f"{row[key + '_hi'] * scale:.{digits}f}]"
-    )
-
-
-def _plots(
-    table: dict[str, dict[str, float]],
-    sweep: dict[str, dict[float, tuple]],
-    cfg: FleetConfig,
-    folder: Path,
-) -> list[Path]:
+def _plot(streams: alarm_stream.StreamStudy, gpu: trace_replay.ReplayStudy, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(table)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    gpu = cfg.gpus_per_job
-    for ax, key, label, scale in (
-        (axes[0], "unplanned_h", "unplanned downtime, GPU-h / fleet-year", gpu),
-        (axes[1], "ettr", "ETTR", 1.0),
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, table, title in (
+        (axes[0], streams.table, "alarm streams on held-out twin histories"),
+        (axes[1], gpu.table, "InfiniteHBD replay, GPU faults"),
     ):
-        mean = [table[n][key] * scale for n in names]
+        names = list(table)
+        mean = [table[n][KEY] for n in names]
+        # A skewed bootstrap can put the point outside its percentile interval: no
+        # negative whisker then.
         err = [
-            [(table[n][key] - table[n][f"{key}_lo"]) * scale for n in names],
-            [(table[n][f"{key}_hi"] - table[n][key]) * scale for n in names],
+            [max(table[n][KEY] - table[n][f"{KEY}_lo"], 0.0) for n in names],
+            [max(table[n][f"{KEY}_hi"] - table[n][KEY], 0.0) for n in names],
         ]
         ax.bar(names, mean, yerr=err, capsize=4, color="#4c72b0")
-        ax.set_ylabel(label)
-        ax.tick_params(axis="x", rotation=20)
-    axes[1].set_ylim(min(table[n]["ettr_lo"] for n in names) - 0.001, 1.0)
-    fig.suptitle(f"{cfg.n_gpus} GPUs in {cfg.jobs} jobs, 95 % CI over seeds")
+        ax.set_ylabel("unplanned GPU-h / 1000 device-days (95 % CI)")
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=30)
+        if table is gpu.table:
+            ax.set_yscale("log")
     fig.tight_layout()
-    bars = folder / "downtime_comparison.png"
-    fig.savefig(bars, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in sweep.items():
-        xs = sorted(points)
-        ax.errorbar(
-            xs,
-            [points[x][0] * 100 for x in xs],
-            yerr=[
-                [(points[x][0] - points[x][1]) * 100 for x in xs],
-                [(points[x][2] - points[x][0]) * 100 for x in xs],
-            ],
-            marker="o",
-            capsize=3,
-            label=name,
-        )
-    ax.axhline(SEED_CLAIM * 100, color="grey", ls="--", label="seed claim 67 %")
-    ax.set_xlabel("share of failures with precursors")
-    ax.set_ylabel("unplanned downtime reduction vs reactive, %")
-    ax.legend()
-    fig.tight_layout()
-    curve = folder / "precursor_sweep.png"
-    fig.savefig(curve, dpi=110)
-    plt.close(fig)
-    return [bars, curve]
+    return path
 
 
 def _log_mlflow(
     result: dict[str, Any],
-    table: dict[str, dict[str, float]],
-    plots: list[Path],
-    cfg: FleetConfig,
-    seeds: int,
+    streams: alarm_stream.StreamStudy,
+    replays: dict[str, trace_replay.ReplayStudy],
+    plot: Path,
+    quick: bool,
 ) -> str:
     import mlflow
 
     from gpuflow.tasks.tracking import use_experiment
 
     exp = use_experiment(EXPERIMENT)
-    params = {
-        **{k: str(v) for k, v in dataclasses.asdict(cfg).items() if k != "hazard"},
-        **{f"hazard.{k}": str(v) for k, v in dataclasses.asdict(cfg.hazard).items()},
-        "seeds": str(seeds),
-    }
-    with mlflow.start_run(experiment_id=exp, run_name="downtime-study") as parent:
-        mlflow.log_params(params)
-        mlflow.set_tags(
+    with mlflow.start_run(experiment_id=exp, run_name="downtime-study") as run:
+        mlflow.set_tags({"gpuflow.capability": "downtime", "gpuflow.quick": str(quick)})
+        mlflow.log_params(
             {
-                "gpuflow.capability": "downtime",
-                **{f"gpuflow.source.{k}": v[:250] for k, v in result["sources"].items()},
+                **{f"costs.{k}": str(v) for k, v in asdict(DowntimeCosts()).items()},
+                **{f"replay.{k}": str(v) for k, v in asdict(replays["gpu"].config).items()},
+                "alarm_stream_seeds": str(streams.seeds),
             }
         )
-        flat: dict[str, float] = {}
-        for name, row in table.items():
-            key = name.replace("-", "_")
-            for metric in (
-                "ettr",
-                "ettr_lo",
-                "ettr_hi",
-                "reduction",
-                "reduction_lo",
-                "reduction_hi",
-            ):
-                if metric in row and not math.isnan(row[metric]):
-                    flat[f"{metric}_{key}"] = row[metric]
-            for metric in ("unplanned_h", "unplanned_h_lo", "unplanned_h_hi"):
-                flat[f"{metric.replace('unplanned_h', 'unplanned_gpu_h')}_{key}"] = (
-                    row[metric] * cfg.gpus_per_job
-                )
-        for key, value in result["precursor sweep"].items():
-            flat["sweep_" + key.replace(" ", "_").replace("=", "").replace("-", "_")] = value
-        mlflow.log_metrics(flat)
-        for p in plots:
-            mlflow.log_artifact(str(p), artifact_path="plots")
-        mlflow.log_text(json.dumps(result, indent=2, default=str), "downtime_result.json")
-        for name, row in table.items():
-            with mlflow.start_run(experiment_id=exp, run_name=name, nested=True):
-                mlflow.set_tag("gpuflow.strategy", name)
-                mlflow.log_metrics({k: v for k, v in row.items() if not math.isnan(v)})
-    return parent.info.run_id
-
-
-def run(quick: bool = False, report: Report = print) -> dict[str, Any]:
-    """The study; ``quick`` is a smoke run with few seeds (its intervals are wide)."""
-    seeds = 40 if quick else 1000
-    scale_seeds = 10 if quick else 200
-    sweep_seeds = 20 if quick else 400
-    started = time.perf_counter()
-    cfg = FleetConfig()
-    preds, sources = predictors(cfg)
-    report(f"{len(preds)} strategies x {seeds} simulated fleet-years")
-    per_seed = simulate(cfg, preds, seeds)
-    table = summarize(per_seed)
-
-    report(f"1024-GPU job x {scale_seeds} years")
-    big = dataclasses.replace(cfg, n_gpus=1024, gpus_per_job=1024)
-    big_table = summarize(simulate(big, preds, scale_seeds))
-
-    sweep: dict[str, dict[float, tuple]] = {}
-    sweep_flat: dict[str, float] = {}
-    for share in SWEEP:
-        report(f"precursor share {share:.1f}")
-        t = summarize(simulate(dataclasses.replace(cfg, precursor_share=share), preds, sweep_seeds))
-        for name in (p.name for p in preds if p.name != "reactive"):
-            row = t[name]
-            sweep.setdefault(name, {})[share] = (
-                row["reduction"],
-                row["reduction_lo"],
-                row["reduction_hi"],
-            )
-            sweep_flat[f"{name} p={share:.1f}"] = round(row["reduction"], 4)
-            sweep_flat[f"{name} p={share:.1f} lo"] = round(row["reduction_lo"], 4)
-            sweep_flat[f"{name} p={share:.1f} hi"] = round(row["reduction_hi"], 4)
-
-    gpu = cfg.gpus_per_job
-    result: dict[str, Any] = {
-        "setup": {
-            "fleet": f"{cfg.n_gpus} GPUs, {cfg.jobs} jobs of {cfg.gpus_per_job}, {cfg.horizon_days:g} days",
-            "seeds (fleet-years)": seeds,
-            "failures per fleet-year": round(table["reactive"]["failures"], 2),
-            "precursor share of failures": round(cfg.precursor_fraction(), 3),
-            "checkpoint interval T (Young/Daly), h": round(cfg.young_daly_s() / 3600, 2),
-            "checkpoint cost C, s": cfg.checkpoint_cost_s,
-            "restart overhead R, s": cfg.restart_overhead_s,
-            "planned migration M, s": cfg.migrate_cost_s,
-            "wall time, s": round(time.perf_counter() - started, 1),
-        },
-        "sources": sources,
-    }
-    for name, row in table.items():
-        section = {
-            "ETTR": round(row["ettr"], 5),
-            "ETTR 95% CI": f"[{row['ettr_lo']:.5f}, {row['ettr_hi']:.5f}]",
-            "unplanned downtime GPU-h/yr": round(row["unplanned_h"] * gpu, 1),
-            "unplanned 95% CI": f"[{row['unplanned_h_lo'] * gpu:.1f}, {row['unplanned_h_hi'] * gpu:.1f}]",
-            "planned migration GPU-h/yr": round(row["planned_h"] * gpu, 2),
-            "predicted failures/yr": round(row["predicted"], 2),
-            "false alarms/yr": round(row["false_alarms"], 2),
+        metrics: dict[str, float] = {}
+        tables = {"stream": streams.table} | {
+            f"replay_{fs}": st.table for fs, st in replays.items()
         }
-        if "reduction" in row:
-            section["reduction vs reactive"] = round(row["reduction"], 4)
-            section["reduction 95% CI"] = f"[{row['reduction_lo']:.3f}, {row['reduction_hi']:.3f}]"
-            section["one fleet-year alone (95% of years)"] = (
-                f"[{row['single_year_p2_5']:.2f}, {row['single_year_p97_5']:.2f}]"
-            )
-        result[name] = section
-    big_gpu = big.gpus_per_job
-    result["1024-GPU job"] = {
-        "checkpoint interval T, h": round(big.young_daly_s() / 3600, 2),
-        "failures/yr": round(big_table["reactive"]["failures"], 1),
-        **{f"ETTR {n}": round(r["ettr"], 4) for n, r in big_table.items()},
-        **{
-            f"unplanned GPU-h/yr {n}": round(r["unplanned_h"] * big_gpu, 0)
-            for n, r in big_table.items()
-        },
-        **{
-            f"reduction {n}": round(r["reduction"], 4)
-            for n, r in big_table.items()
-            if "reduction" in r
-        },
-    }
-    result["precursor sweep"] = sweep_flat
-    lstm = table["lstm"]
-    result["seed claim: 67 % less unplanned downtime"] = {
-        "lstm reduction": round(lstm["reduction"], 4),
-        "lstm 95% CI": f"[{lstm['reduction_lo']:.3f}, {lstm['reduction_hi']:.3f}]",
-        "claim inside the lstm CI": bool(
-            lstm["reduction_lo"] <= SEED_CLAIM <= lstm["reduction_hi"]
-        ),
-        "oracle reduction (ceiling)": round(table["oracle"]["reduction"], 4),
-        "precursor share needed by the oracle": _share_for(sweep.get("oracle", {}), SEED_CLAIM),
-        "abrupt classes": ", ".join(ABRUPT_KINDS)
-        + " (no precursor: "
-        + ", ".join(PRECURSOR_KINDS)
-        + " have one)",
-    }
-    report("MLflow")
-    with tempfile.TemporaryDirectory() as tmp:
-        plots = _plots(table, sweep, cfg, Path(tmp))
-        result["setup"]["mlflow run"] = _log_mlflow(result, table, plots, cfg, seeds)
-    result["setup"]["wall time, s"] = round(time.perf_counter() - started, 1)
-    return result
-
-
-def _share_for(points: dict[float, tuple], target: float) -> str:
-    """The precursor share at which the curve reaches ``target`` (linear between points)."""
-    xs = sorted(points)
-    for a, b in zip(xs, xs[1:], strict=False):
-        ya, yb = points[a][0], points[b][0]
-        if ya < target <= yb and yb > ya:
-            return f"{a + (b - a) * (target - ya) / (yb - ya):.2f}"
-    return "not reached" if not xs or points[xs[-1]][0] < target else f"<= {xs[0]:.2f}"
+        for prefix, table in tables.items():
+            for name, row in table.items():
+                key = re.sub(r"\W", "_", name.replace("predicted:", "pred_"))
+                for metric, value in row.items():
+                    if isinstance(value, float) and math.isfinite(value):
+                        metrics[f"{prefix}_{key}_{metric}"] = value
+        mlflow.log_metrics(metrics)
+        mlflow.log_metric("seed_claim", SEED_CLAIM)
+        mlflow.log_artifact(str(plot), artifact_path="plots")
+        mlflow.log_text(json.dumps(result, indent=2, default=str), "downtime_result.json")
+    return run.info.run_id

@@ -99,36 +99,44 @@ def episodes(alarm: np.ndarray, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return starts, ends
 
 
-def evaluate_scores(
-    name: str,
+
+@dataclass(frozen=True)
+class AlarmEpisodes:
+    """The alarms of a model on a split as the monitor raises them (one per episode), and
+    which failures they caught. Per episode: its device, when it was raised (the end of
+    its first window), how many population episodes it stands for (a background episode:
+    its window's weight; else 1), whether it is true, whether it is background. Per
+    failure of the split (its order): detected, and the lead time (NaN when missed)."""
+
+    ordinal: np.ndarray
+    start_s: np.ndarray
+    weight: np.ndarray
+    true: np.ndarray
+    background: np.ndarray
+    detected: np.ndarray
+    lead_s: np.ndarray
+
+
+def alarm_episodes(
     split: SplitData,
     scores: np.ndarray,
     threshold: float,
     horizon_s: float,
     lead_min_s: float = DEFAULT_LEAD_MIN_S,
-    pr_curve: bool = True,
-) -> EvalResult:
-    """Event- and window-level figures of ``scores`` (one per window of ``split``)."""
+) -> AlarmEpisodes:
+    """The episodes of ``scores >= threshold`` with their times (see the module doc)."""
     if len(scores) != split.n_windows:
-        raise ValueError(f"{name}: {len(scores)} scores for {split.n_windows} windows")
+        raise ValueError(f"{len(scores)} scores for {split.n_windows} windows")
     if not lead_min_s < horizon_s:
         raise ValueError(f"lead_min_s ({lead_min_s}) must be below horizon_s ({horizon_s})")
-    scores = np.asarray(scores, dtype=np.float64)
-    y = split.labels(horizon_s)
-    alarm = scores >= threshold
+    alarm = np.asarray(scores, dtype=np.float64) >= threshold
     is_bg = split.seg_kind[split.seg] == 1
     in_window = (split.ttf_s >= lead_min_s) & (split.ttf_s <= horizon_s)
-
     starts, ends = episodes(alarm, split.seg)
     # An episode is true when it covers an in-window alarm: prefix sums over windows.
     cum = np.concatenate([[0], np.cumsum(alarm & in_window)])
     covers = cum[ends + 1] - cum[starts] > 0
     ep_bg = is_bg[starts]
-    ep_weight = np.where(ep_bg, split.weight[starts], 1.0)
-    true_alarms = int((covers & ~ep_bg).sum())
-    false_alarms = float(ep_weight[~covers].sum())
-    false_alarms_sampled = int((~covers).sum())
-
     n_fail = len(split.fail_s)
     detected = np.zeros(n_fail, bool)
     lead = np.full(n_fail, np.nan)
@@ -143,6 +151,38 @@ def evaluate_scores(
         ep = np.searchsorted(starts, first_hit, side="right") - 1
         detected[fi] = True
         lead[fi] = split.fail_s[fi] - split.t_end_s[starts[ep]]
+    return AlarmEpisodes(
+        ordinal=split.seg_ordinal[split.seg[starts]],
+        start_s=split.t_end_s[starts],
+        weight=np.where(ep_bg, split.weight[starts], 1.0),
+        true=covers,
+        background=ep_bg,
+        detected=detected,
+        lead_s=lead,
+    )
+
+
+def evaluate_scores(
+    name: str,
+    split: SplitData,
+    scores: np.ndarray,
+    threshold: float,
+    horizon_s: float,
+    lead_min_s: float = DEFAULT_LEAD_MIN_S,
+    pr_curve: bool = True,
+) -> EvalResult:
+    """Event- and window-level figures of ``scores`` (one per window of ``split``)."""
+    if len(scores) != split.n_windows:
+        raise ValueError(f"{name}: {len(scores)} scores for {split.n_windows} windows")
+    scores = np.asarray(scores, dtype=np.float64)
+    y = split.labels(horizon_s)
+    alarm = scores >= threshold
+    ep = alarm_episodes(split, scores, threshold, horizon_s, lead_min_s)
+    true_alarms = int((ep.true & ~ep.background).sum())
+    false_alarms = float(ep.weight[~ep.true].sum())
+    false_alarms_sampled = int((~ep.true).sum())
+    detected, lead = ep.detected, ep.lead_s
+    n_fail = len(split.fail_s)
 
     all_alarms = true_alarms + false_alarms
     metrics: dict[str, float] = {
