@@ -9,7 +9,7 @@ for a horizon; two kinds of fatal events happen to them:
 * application fatal errors of one tenant (XID 13, 31, 43, 45, 68, 109: illegal address,
   MMU fault, ...), a Poisson stream per tenant at a rate that is an ASSUMPTION:
   ``app_fatal_ratio`` times the device-fault rate per GPU-day the twin realizes on the
-  same fleets (lemons and repeat offenders included: about 2.4x the fresh-fleet rate over
+  same fleets (lemons and repeat offenders included: 2.2-2.5x the fresh-fleet rate over
   a year at the defaults), so the ratio means what the Llama 3 anchor below means.
 
 Who an event interrupts (DESIGN.md section 4, "Sharing semantics"; NVIDIA's MPS, MIG and
@@ -25,9 +25,9 @@ other device faults         every tenant of the GPU      every tenant of the GPU
 
 "Software sharing" is the shared-context case (MPS: its clients share one server context,
 so a fatal exception reaches all of them); DESIGN.md puts HAMi-style slicing with it. Plain
-time-slicing keeps one CUDA context per process, and application faults are handled per
-context there: for it (a) is an upper bound (scripts/isolation_check.py --timeslice checks
-that on a real GPU). Device faults are XID 79 (off the bus: GSP, faulty GPU), SRAM double-
+time-slicing keeps one CUDA context per process, so application faults are expected to
+stay in their context there: for it (a) would be an upper bound (scripts/isolation_check.py
+--timeslice checks that on a real GPU; not run yet). Device faults are XID 79 (off the bus: GSP, faulty GPU), SRAM double-
 bit errors (XID 48), thermal shutdowns, and HBM failures ending in XID 48/95/64; an HBM
 failure ending in XID 94 is the contained one (its share: the twin's final-XID weights). A
 vDCU reports no 94/95 (hardware.sim.faults.sku_final_xid): set ``contained_in_partition``
@@ -47,8 +47,11 @@ interruptions were 12.9 % software vs 57.3 % device-attributable (DESIGN.md sect
 counts a software failure once for a 16k-GPU job, so per tenant of a shared inference or
 development GPU the true ratio is likely higher: the study sweeps it over 0..64.
 
-Repairs and downtime are ignored (a tenant on a failed GPU cannot fail again until the
-GPU is back): at the twin's rates that changes counts by far less than the seed noise.
+Repairs and downtime are ignored: a tenant on a failed GPU could not fail again until the
+GPU is back, so both modes are slightly overcounted (not measured here; at about one
+device fault per 1,000 GPU-days the time spent failed is a small share, lemons aside).
+Plain time-slicing also differs on XID 94: Ampere and later contain it per application
+even without MIG (NVIDIA's A100 error-containment documentation).
 """
 
 from __future__ import annotations
