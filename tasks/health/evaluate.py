@@ -99,7 +99,6 @@ def episodes(alarm: np.ndarray, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return starts, ends
 
 
-
 @dataclass(frozen=True)
 class AlarmEpisodes:
     """The alarms of a model on a split as the monitor raises them (one per episode), and
