@@ -9,5 +9,7 @@ DAG that strings them together, and tests call them without Prefect:
 * ``steps``     - checkpoint, isolate, fail over, migrate, and the rollbacks;
 * ``plan``      - what the flow decides at each turn, from what it sees (no I/O);
 * ``notify``    - the operators' summary through a Prefect notification block;
-* ``downtime_sim`` - the discrete-event fleet simulation behind `gpuflow bench downtime`.
+* ``alarm_stream``, ``trace_replay``, ``downtime_sim`` - the downtime studies behind
+  `gpuflow bench downtime`: the health models' alarm streams on held-out twin histories,
+  the InfiniteHBD fault replay, and what they share (costs, bootstrap, the -67 % verdict).
 """
