@@ -29,7 +29,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 import numpy as np
-from scipy.signal import lfilter
 
 DAY_S = 86_400.0
 TAUS_S = (3600.0, DAY_S, 7 * DAY_S)  # the rates' time constants: 1 h, 24 h, 7 d
@@ -128,6 +127,10 @@ def advance(
     ``repaired`` whether a repair happened in it. ``t_end`` [n]: the end of the first bucket;
     the others follow ``bucket_s`` apart.
     """
+    # Imported here: scipy.signal costs ~1 s to import, and every `gpuflow` command loads
+    # this module through the sampler without needing it.
+    from scipy.signal import lfilter
+
     n, k = ecc.shape
     t = t_end[:, None] + bucket_s * np.arange(k)[None, :]
     # Decay over any gap before the first bucket (the monitor was not running).
