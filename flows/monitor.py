@@ -21,6 +21,7 @@ from gpuflow.tasks.health.monitor import (
     DEFAULT_THRESHOLD,
     CostLookup,
     RoundReport,
+    describe_model,
     load_health_model_task,
     monitor_dir,
     run_monitor_task,
@@ -73,7 +74,8 @@ def monitor(
                 f"fast_forward needs the digital twin; this cluster runs {backend.name!r}"
             )
         wait = advance
-    model, source = load_health_model_task(model_uri)
+    model, uri = load_health_model_task(model_uri)
+    source = describe_model(model, uri)  # which model and horizon decide, in every event
     inventory = cluster.get_inventory()
     logger.info(
         "monitor: %d rounds every %g s, model %s; decided by cost (defaults %s), "

@@ -23,13 +23,14 @@ Report = Callable[[str], None]
 
 
 def _health_model() -> tuple[Any, str]:
-    """The monitor's model (the registered champion, else the threshold rules), named."""
-    from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
+    """The monitor's model (the champion by cost, whatever its kind, else the threshold
+    rules), named with the horizon of its risk."""
+    from gpuflow.tasks.health.monitor import RULES_URI, describe_model, load_health_model
 
     model, source = load_health_model()
     if source.startswith(RULES_URI):
-        return model, "threshold rules (no LSTM champion registered yet)"
-    return model, f"LSTM champion ({source})"
+        return model, "threshold rules (no champion registered yet)"
+    return model, f"champion by cost: {describe_model(model, source)}"
 
 
 def _time_to_recover_s(timeline: list[dict[str, Any]]) -> float | None:

@@ -5,8 +5,9 @@
   remap / page retirement pending. A 0/1 score. A rule whose input is missing (NaN: the
   device's backend cannot read it) does not fire: there is no evidence either way.
 * gbt: gradient-boosted trees (sklearn HistGradientBoostingClassifier) on flat summaries
-  of the same windows (last, mean, max, last - first of every feature), trained on the
-  same sample and calibrated the same way as the LSTM. Missing inputs stay NaN: the trees
+  of the same windows (last, mean, max, last - first of every feature, the device's
+  multi-day record included), one per horizon, trained on the same sample and calibrated
+  the same way as the LSTM. Missing inputs stay NaN: the trees
   learn a branch for them (HistGradientBoosting's native missing-value support).
 * random: uniform scores; evaluation picks the threshold that gives the LSTM's alert
   rate, so it is "as many alarms, placed by chance".
@@ -21,9 +22,17 @@ from typing import Any
 
 import numpy as np
 from gpuflow.hardware.health import HOT_TEMPERATURE_C
+from gpuflow.tasks.health.calibration import HorizonCalibrator
 from gpuflow.tasks.health.features import FEATURE_INDEX, FEATURES, summary_features
 from gpuflow.tasks.health.history import History, SplitData
-from gpuflow.tasks.health.model import TrainConfig, fit_calibration, training_indices, weighted_ap
+from gpuflow.tasks.health.horizons import HORIZONS_S, interval_index, monotone, multi_labels
+from gpuflow.tasks.health.model import (
+    MultiHorizon,
+    TrainConfig,
+    mean_ap,
+    positive_weight,
+    training_indices,
+)
 from sklearn.ensemble import HistGradientBoostingClassifier
 
 _TEMP = FEATURE_INDEX["temperature_c"]
@@ -47,12 +56,21 @@ class RuleModel:
 
     name = "rules"
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, horizons_s: tuple[float, ...] = HORIZONS_S) -> None:
         self.window = window
         self.feature_names = FEATURES
+        self.horizons_s = tuple(horizons_s)
+        self.horizon_s = self.horizons_s[0]
 
     def predict_risk(self, windows: np.ndarray) -> np.ndarray:
         return rule_scores(windows)
+
+    def predict_risks(self, windows: np.ndarray) -> np.ndarray:
+        """The same 0/1 at every horizon: a rule has no notion of when."""
+        return np.repeat(rule_scores(windows)[:, None], len(self.horizons_s), axis=1)
+
+    def use_horizon(self, horizon_s: float) -> None:
+        self.horizon_s = float(horizon_s)
 
     def top_features(self, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
         """The rules that fired, with the newest bucket's value."""
@@ -83,8 +101,10 @@ class GbtConfig:
         return asdict(self)
 
 
-class GbtHealthModel:
-    """Gradient-boosted trees on summary features, Platt-calibrated like the LSTM."""
+class GbtHealthModel(MultiHorizon):
+    """Gradient-boosted trees on summary features: one multi-class model of the interval
+    the failure falls in ([0, 1 h), [1 h, 6 h), ..., none within 72 h), so P(T <= H_j) is
+    the sum of the classes up to j (monotone by construction); calibrated like the LSTM."""
 
     name = "gbt"
 
@@ -92,39 +112,48 @@ class GbtHealthModel:
         self,
         clf: HistGradientBoostingClassifier,
         window: int,
-        calibration: tuple[float, float] = (1.0, 0.0),
+        horizons_s: tuple[float, ...] = HORIZONS_S,
     ) -> None:
         self.clf = clf
         self.window = window
         self.feature_names = FEATURES
-        self.calibration = calibration
+        self.horizons_s = tuple(horizons_s)
+        self.horizon_s = self.horizons_s[0]
+        self.calibrator = HorizonCalibrator()
 
-    def raw_logits(self, windows: np.ndarray, batch: int = 200_000) -> np.ndarray:
-        out = np.empty(len(windows), dtype=np.float64)
+    def raw_risks(self, windows: np.ndarray, batch: int = 200_000) -> np.ndarray:
+        h = len(self.horizons_s)
+        classes = np.asarray(self.clf.classes_, dtype=np.int64)
+        out = np.empty((len(windows), h), dtype=np.float64)
         for i in range(0, len(windows), batch):
-            out[i : i + batch] = self.clf.decision_function(
-                summary_features(windows[i : i + batch])
-            )
-        return out
+            proba = self.clf.predict_proba(summary_features(windows[i : i + batch]))
+            per = np.zeros((len(proba), h + 1))
+            per[:, classes] = proba
+            out[i : i + batch] = np.cumsum(per[:, :h], axis=1)
+        return monotone(out)
 
-    def predict_risk(self, windows: np.ndarray) -> np.ndarray:
-        a, b = self.calibration
-        return (1.0 / (1.0 + np.exp(-(a * self.raw_logits(windows) + b)))).astype(np.float32)
+    def predict_risks(self, windows: np.ndarray) -> np.ndarray:
+        return self.calibrator(self.raw_risks(windows))
 
 
 def train_gbt(
-    history: History, train_cfg: TrainConfig | None = None, cfg: GbtConfig | None = None
+    history: History,
+    train_cfg: TrainConfig | None = None,
+    cfg: GbtConfig | None = None,
+    val: SplitData | None = None,
+    cal: SplitData | None = None,
+    horizons_s: tuple[float, ...] = HORIZONS_S,
 ) -> tuple[GbtHealthModel, dict[str, Any]]:
-    """Fit on the LSTM's training sample, calibrate on the val split."""
+    """Fit on the LSTM's training sample, calibrate on ``cal`` (default: the val split).
+    Unweighted: the calibration sets the base rate, and sample weights made sklearn's
+    binning ten times slower."""
     train_cfg = train_cfg or TrainConfig()
     cfg = cfg or GbtConfig()
-    horizon_s = history.config.horizon_s
-    train, val = history.splits["train"], history.splits["val"]
-    idx, y = training_indices(train, horizon_s, train_cfg)
-    n_pos = float(y.sum())
-    if n_pos == 0:
-        raise ValueError("the train split holds no positive window")
-    pos_weight = min((len(y) - n_pos) / n_pos, train_cfg.pos_weight_max)
+    val = val if val is not None else history.splits["val"]
+    cal = cal if cal is not None else val
+    train = history.splits["train"]
+    idx, y = training_indices(train, train_cfg, horizons_s)
+    positive_weight(y, train_cfg)  # refuses a sample without failures
     started = time.perf_counter()
     clf = HistGradientBoostingClassifier(
         max_iter=cfg.max_iter,
@@ -134,17 +163,16 @@ def train_gbt(
         early_stopping=False,
         random_state=cfg.seed,
     )
-    clf.fit(
-        summary_features(train.windows(idx)), y, sample_weight=np.where(y == 1, pos_weight, 1.0)
+    clf.fit(summary_features(train.windows(idx)), interval_index(train.ttf_s[idx], horizons_s))
+    model = GbtHealthModel(clf, history.config.window, horizons_s)
+    val_raw = model.raw_risks(val.windows())
+    model.calibrator.fit(
+        model.raw_risks(cal.windows()), multi_labels(cal.ttf_s, horizons_s), cal.weight
     )
-    model = GbtHealthModel(clf, history.config.window)
-    val_y = val.labels(horizon_s)
-    val_logits = model.raw_logits(val.windows())
-    model.calibration = fit_calibration(val_logits, val_y, val.weight)
     return model, {
         "train_windows": len(y),
-        "val_pr_auc": weighted_ap(val_y, val_logits, val.weight),
-        "calibration": list(model.calibration),
+        "val_pr_auc": mean_ap(multi_labels(val.ttf_s, horizons_s), val_raw, val.weight),
+        "calibration": model.calibrator.describe(),
         "train_s": time.perf_counter() - started,
     }
 

@@ -56,6 +56,40 @@ class SplitData:
     def labels(self, horizon_s: float) -> np.ndarray:
         return ((self.ttf_s > 0) & (self.ttf_s <= horizon_s)).astype(np.float32)
 
+    def subset(self, keep_seg: np.ndarray, name: str, share: float) -> SplitData:
+        """The segments ``keep_seg`` (bool per segment) as a split of their own, standing
+        for ``share`` of this split's device-time (the buckets are shared, not copied).
+        Background weights stay: a uniform sample restricted to a share of the devices
+        stands for that share of the population."""
+        keep_seg = np.asarray(keep_seg, dtype=bool)
+        win = keep_seg[self.seg]
+        new_seg = np.cumsum(keep_seg) - 1
+        faults = self.seg_fault[keep_seg]
+        fail_keep = np.zeros(len(self.fail_s), dtype=bool)
+        fail_keep[faults[faults >= 0]] = True
+        new_fail = np.cumsum(fail_keep) - 1
+        return SplitData(
+            name=name,
+            buckets=self.buckets,
+            end_row=self.end_row[win],
+            t_end_s=self.t_end_s[win],
+            ttf_s=self.ttf_s[win],
+            seg=new_seg[self.seg[win]],
+            weight=self.weight[win],
+            seg_ordinal=self.seg_ordinal[keep_seg],
+            seg_kind=self.seg_kind[keep_seg],
+            seg_fault=np.where(faults >= 0, new_fail[np.maximum(faults, 0)], -1),
+            fail_ordinal=self.fail_ordinal[fail_keep],
+            fail_kind=self.fail_kind[fail_keep],
+            fail_s=self.fail_s[fail_keep],
+            fail_onset_s=self.fail_onset_s[fail_keep],
+            fail_lemon=self.fail_lemon[fail_keep],
+            device_days=self.device_days * share,
+            background_device_days=self.background_device_days * share,
+            sampled_background_device_days=self.sampled_background_device_days * share,
+            window=self.window,
+        )
+
     @property
     def n_windows(self) -> int:
         return len(self.end_row)

@@ -202,3 +202,22 @@ def build_split(
         sampled_background_device_days=sampled_bg_s / DAY_S,
         window=w,
     )
+
+
+CALIBRATION_SHARE = 0.5  # of the validation split's nodes
+
+
+def carve_calibration(
+    val: SplitData, cfg: HistoryConfig, share: float = CALIBRATION_SHARE
+) -> tuple[SplitData, SplitData]:
+    """(validation, calibration): the val split's nodes shuffled (seeded) into two groups,
+    so calibration is fitted on devices that neither trained the model nor chose it."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"the calibration share must be in (0, 1), got {share}")
+    nodes = np.unique(val.seg_ordinal // cfg.gpus_per_node)
+    order = np.random.default_rng([cfg.seed, 7]).permutation(nodes)
+    n_cal = min(max(1, round(len(nodes) * share)), max(len(nodes) - 1, 1))
+    cal_nodes = order[:n_cal]
+    in_cal = np.isin(val.seg_ordinal // cfg.gpus_per_node, cal_nodes)
+    frac = n_cal / max(len(nodes), 1)
+    return val.subset(~in_cal, "val", 1.0 - frac), val.subset(in_cal, "cal", frac)

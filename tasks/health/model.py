@@ -1,15 +1,22 @@
-"""The health model: an LSTM over a window of buckets -> P(failure within the horizon).
+"""The health model: an LSTM over a window of buckets -> P(failure within 1 h, 6 h, 24 h, 72 h).
 
-Training sees far more healthy windows than failing ones (a failure is 6 windows of 30
-minutes; a device-year is 105,000), so it trains on a sample (every positive window, the
-negatives of incidents near their failure, random healthy windows) with the positives
-up-weighted, and is then calibrated: a logistic fit of its logit on the validation split,
-where each window carries its population weight. The risk it reports is therefore a
-probability for the real fleet's base rate, which is what the monitor's threshold (0.85)
-is compared with.
+Each bucket carries the device's multi-day record (tasks.health.device_state) besides its
+hour of telemetry, so the LSTM sees repeat offenders and old remaps, not just the last hour.
+Its head is a discrete-time hazard (tasks.health.horizons): one hazard per interval
+[0, 1 h), [1 h, 6 h), [6 h, 24 h), [24 h, 72 h), P(T <= H_j) = 1 - prod (1 - h_i), so the
+horizons are one consistent model, trained with the survival likelihood (a window whose
+failure is further than 72 h, or never, is censored there).
+
+Training sees far more healthy windows than failing ones, so it trains on a sample
+(every window within ``near_negatives_s`` of a failure, some of each incident's earlier
+ones, random background windows) with failing windows up-weighted, and is then
+calibrated on a split of its own (tasks.health.calibration), each window carrying its
+population weight: the risks it reports are probabilities for the real fleet's base
+rates, which is what the cost rule (tasks.health.decision) compares.
 
 ``HealthLSTM`` carries its own normalization, calibration and metadata (features, window,
-bucket length, horizon), so the registered MLflow model is everything the monitor needs.
+bucket length, horizons, the horizon its single risk is for), so the registered model is
+everything the monitor needs.
 
 Missing inputs (NaN: telemetry the device's backend cannot read, see tasks.health.features)
 go in as 0 after normalization plus one 0/1 "unreadable" channel per input group, so the
@@ -26,20 +33,27 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from gpuflow.tasks.health.events import DEFAULT_HORIZON_S
+from gpuflow.tasks.health.calibration import HorizonCalibrator
 from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INPUTS, FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.history import History, SplitData
-from sklearn.linear_model import LogisticRegression
+from gpuflow.tasks.health.horizons import (
+    HORIZONS_S,
+    check_horizons,
+    interval_index,
+    multi_labels,
+)
 from sklearn.metrics import average_precision_score
 from torch import nn
+from torch.nn import functional as F
 
-REGISTERED_MODEL = "gpuflow-health-lstm"
+REGISTERED_MODEL = "gpuflow-health"
 CHAMPION_ALIAS = "champion"
 EXPERIMENT = "gpuflow-health"
 
 
 class HealthModel(Protocol):
-    """What the monitor and the evaluation need of a model."""
+    """What the monitor and the evaluation need of a model: ``predict_risk`` is the risk
+    at ``horizon_s``; multi-horizon models also have ``horizons_s`` and ``predict_risks``."""
 
     window: int
     feature_names: tuple[str, ...]
@@ -47,8 +61,34 @@ class HealthModel(Protocol):
     def predict_risk(self, windows: np.ndarray) -> np.ndarray: ...
 
 
-class HealthLSTM(nn.Module):
-    """LSTM -> last hidden state -> linear -> logit; calibrated sigmoid -> risk."""
+class MultiHorizon:
+    """The single-risk view of a multi-horizon model: ``predict_risk`` is the column of
+    ``horizon_s`` (the horizon the champion was chosen at) of ``predict_risks``."""
+
+    horizons_s: tuple[float, ...]
+    horizon_s: float
+
+    def predict_risks(self, windows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def horizon_index(self, horizon_s: float | None = None) -> int:
+        h = self.horizon_s if horizon_s is None else float(horizon_s)
+        if h not in self.horizons_s:
+            raise ValueError(f"horizon {h} s is not one of the model's {list(self.horizons_s)}")
+        return self.horizons_s.index(h)
+
+    def use_horizon(self, horizon_s: float) -> None:
+        self.horizon_index(horizon_s)  # checks it
+        self.horizon_s = float(horizon_s)
+
+    def predict_risk(self, windows: np.ndarray) -> np.ndarray:
+        return self.predict_risks(windows)[:, self.horizon_index()]
+
+
+class HealthLSTM(MultiHorizon, nn.Module):
+    """LSTM -> last hidden state (+ the newest bucket) -> per-interval hazard logits."""
+
+    name = "lstm"
 
     def __init__(
         self,
@@ -56,46 +96,41 @@ class HealthLSTM(nn.Module):
         layers: int = 1,
         window: int = WINDOW_BUCKETS,
         bucket_s: float = BUCKET_S,
-        horizon_s: float = DEFAULT_HORIZON_S,
+        horizons_s: tuple[float, ...] = HORIZONS_S,
         feature_names: tuple[str, ...] = FEATURES,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         n = len(feature_names)
         self.window = int(window)
         self.bucket_s = float(bucket_s)
-        self.horizon_s = float(horizon_s)
+        self.horizons_s = check_horizons(horizons_s)
+        self.horizon_s = self.horizons_s[0]
         self.feature_names = tuple(feature_names)
         self.hidden = int(hidden)
         self.register_buffer("mean", torch.zeros(n))
         self.register_buffer("std", torch.ones(n))
-        self.register_buffer("calibration", torch.tensor([1.0, 0.0]))  # risk = sig(a*z + b)
+        self.calibrator = HorizonCalibrator()  # fitted on the calibration split
         self.mask_idx = mask_columns(self.feature_names)
         n_in = n + len(self.mask_idx)
         self.lstm = nn.LSTM(n_in, hidden, num_layers=layers, batch_first=True)
-        # The head also sees the newest bucket as it is: counters and flags that matter at
-        # their exact level need not squeeze through the LSTM's gates.
-        # Error-counter totals also go in on a linear scale (hundreds): whether 390 or 399
-        # errors have accumulated is lost in a standardized logarithm.
-        self.linear_idx = [i for i, f in enumerate(feature_names) if f.endswith("_total_log")]
+        # The head also sees the newest bucket as it is (its counters, flags and the
+        # device's record), so they need not squeeze through the LSTM's gates.
         self.head = nn.Sequential(
-            nn.Linear(hidden + n_in + len(self.linear_idx), hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, 1),
+            nn.Linear(hidden + n_in, hidden), nn.ReLU(), nn.Linear(hidden, len(self.horizons_s))
         )
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        # Models saved before missing inputs existed have no mask_idx: they read no mask.
-        mask_idx = getattr(self, "mask_idx", [])
+    def hazard_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, H] logits of the per-interval hazards."""
         z = torch.nan_to_num((x - self.mean) / self.std, nan=0.0)
-        if mask_idx:
-            z = torch.cat([z, torch.isnan(x[..., mask_idx]).to(z.dtype)], dim=-1)
+        if self.mask_idx:
+            z = torch.cat([z, torch.isnan(x[..., self.mask_idx]).to(z.dtype)], dim=-1)
         out, _ = self.lstm(z)
-        lin = torch.nan_to_num(torch.expm1(x[:, -1, self.linear_idx]), nan=0.0) / 100.0
-        return self.head(torch.cat([out[:, -1], z[:, -1], lin], dim=1)).squeeze(-1)
+        return self.head(torch.cat([out[:, -1], z[:, -1]], dim=1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.calibration[0], self.calibration[1]
-        return torch.sigmoid(a * self.logits(x) + b)
+        """Uncalibrated P(T <= H_j) [n, H]: 1 - prod (1 - hazard)."""
+        log_survive = torch.cumsum(F.logsigmoid(-self.hazard_logits(x)), dim=1)
+        return -torch.expm1(log_survive)
 
     def _check(self, windows: np.ndarray) -> None:
         if windows.ndim != 3 or windows.shape[1:] != (self.window, len(self.feature_names)):
@@ -105,20 +140,19 @@ class HealthLSTM(nn.Module):
             )
 
     @torch.no_grad()
-    def raw_logits(self, windows: np.ndarray, batch: int = 65_536) -> np.ndarray:
+    def raw_risks(self, windows: np.ndarray, batch: int = 65_536) -> np.ndarray:
+        """Uncalibrated cumulative risks [n, H] (float64)."""
         self._check(windows)
         self.eval()
-        out = np.empty(len(windows), dtype=np.float32)
+        out = np.empty((len(windows), len(self.horizons_s)), dtype=np.float64)
         for i in range(0, len(windows), batch):
             x = torch.from_numpy(np.ascontiguousarray(windows[i : i + batch], dtype=np.float32))
-            out[i : i + batch] = self.logits(x).numpy()
+            out[i : i + batch] = self(x).double().numpy()
         return out
 
-    def predict_risk(self, windows: np.ndarray, batch: int = 65_536) -> np.ndarray:
-        """Calibrated risk per window, float32 in [0, 1]."""
-        z = self.raw_logits(windows, batch)
-        a, b = (float(v) for v in self.calibration)
-        return (1.0 / (1.0 + np.exp(-(a * z + b)))).astype(np.float32)
+    def predict_risks(self, windows: np.ndarray) -> np.ndarray:
+        """Calibrated P(fail within each horizon) [n, H], float32, monotone in H."""
+        return self.calibrator(self.raw_risks(windows))
 
     def top_features(self, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
         """Per window, the ``k`` features whose removal lowers the risk most (occlusion:
@@ -153,7 +187,7 @@ class TrainConfig:
     batch_size: int = 512
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    near_negatives_s: float = 6 * 3600.0  # incident negatives this close to failure: all kept
+    near_negatives_s: float = 6 * 3600.0  # incident windows this close to failure: all kept
     far_negatives_per_incident: int = 48  # and this many from further back
     max_background: int = 60_000
     pos_weight_max: float = 50.0
@@ -184,34 +218,47 @@ class TrainConfig:
 
 
 def training_indices(
-    split: SplitData, horizon_s: float, cfg: TrainConfig
+    split: SplitData, cfg: TrainConfig, horizons_s: tuple[float, ...] = HORIZONS_S
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(window indices, labels) of the training sample of ``split``."""
+    """(window indices, labels [n, H]) of the training sample of ``split``: every incident
+    window within ``near_negatives_s`` of its failure, ``far_negatives_per_incident`` of
+    each incident's earlier ones, up to ``max_background`` background windows (whose
+    device may still fail within the longer horizons: their labels say so)."""
     rng = np.random.default_rng(cfg.seed)
-    y = split.labels(horizon_s)
     is_bg = split.seg_kind[split.seg] == 1
-    pos = np.flatnonzero(y == 1)
-    inc_neg = np.flatnonzero((y == 0) & ~is_bg)
-    near = inc_neg[split.ttf_s[inc_neg] <= cfg.near_negatives_s]
-    far = inc_neg[split.ttf_s[inc_neg] > cfg.near_negatives_s]
-    n_inc = max(1, len(np.unique(split.seg[inc_neg])) if len(inc_neg) else 1)
+    inc = np.flatnonzero(~is_bg)
+    near = inc[split.ttf_s[inc] <= cfg.near_negatives_s]
+    far = inc[split.ttf_s[inc] > cfg.near_negatives_s]
+    n_inc = max(1, len(np.unique(split.seg[inc])) if len(inc) else 1)
     n_far = min(len(far), cfg.far_negatives_per_incident * n_inc)
     far = rng.choice(far, n_far, replace=False) if n_far else far[:0]
     bg = np.flatnonzero(is_bg)
     if len(bg) > cfg.max_background:
         bg = rng.choice(bg, cfg.max_background, replace=False)
-    idx = np.concatenate([pos, near, far, bg])
+    idx = np.concatenate([near, far, bg])
     rng.shuffle(idx)
-    return idx, y[idx]
+    return idx, multi_labels(split.ttf_s[idx], horizons_s)
 
 
-def fit_calibration(logits: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple[float, float]:
-    """(a, b) of risk = sigmoid(a * logit + b), fitted with population weights (Platt)."""
-    if y.min() == y.max():
-        return 1.0, 0.0  # nothing to fit against
-    lr = LogisticRegression(C=1e6, max_iter=1000)
-    lr.fit(logits.reshape(-1, 1).astype(np.float64), y, sample_weight=weight)
-    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
+def positive_weight(y: np.ndarray, cfg: TrainConfig) -> float:
+    """Up-weighting of windows that fail within the last horizon (capped)."""
+    pos = float((y[:, -1] > 0).sum())
+    if pos == 0:
+        raise ValueError(
+            "the train split holds no positive window: a longer history or a larger fleet is needed"
+        )
+    return min((len(y) - pos) / pos, cfg.pos_weight_max)
+
+
+def hazard_nll(logits: torch.Tensor, interval: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted negative log-likelihood of discrete-time survival: survive every interval
+    before the failure's, fail in its own (none when censored: ``interval`` = H)."""
+    h = logits.shape[1]
+    steps = torch.arange(h).unsqueeze(0)
+    survive = (steps < interval.unsqueeze(1)).to(logits.dtype)
+    fail = (steps == interval.unsqueeze(1)).to(logits.dtype)
+    ll = survive * F.logsigmoid(-logits) + fail * F.logsigmoid(logits)
+    return -(ll.sum(dim=1) * weight).sum() / weight.sum()
 
 
 def weighted_ap(y: np.ndarray, score: np.ndarray, weight: np.ndarray) -> float:
@@ -219,6 +266,13 @@ def weighted_ap(y: np.ndarray, score: np.ndarray, weight: np.ndarray) -> float:
     if y.sum() == 0:
         return float("nan")
     return float(average_precision_score(y, score, sample_weight=weight))
+
+
+def mean_ap(y: np.ndarray, scores: np.ndarray, weight: np.ndarray) -> float:
+    """Mean over horizons of the weighted PR-AUC (horizons without positives left out)."""
+    aps = [weighted_ap(y[:, j], scores[:, j], weight) for j in range(y.shape[1])]
+    aps = [a for a in aps if not math.isnan(a)]
+    return float(np.mean(aps)) if aps else -math.inf
 
 
 def mask_columns(feature_names: tuple[str, ...]) -> list[int]:
@@ -251,56 +305,55 @@ def train_lstm(
     history: History,
     cfg: TrainConfig | None = None,
     progress: Callable[[str, float], None] | None = None,
+    val: SplitData | None = None,
+    cal: SplitData | None = None,
+    horizons_s: tuple[float, ...] = HORIZONS_S,
 ) -> tuple[HealthLSTM, dict[str, Any]]:
-    """Train on the train split, early-stop and calibrate on the val split."""
+    """Train on the train split, early-stop on ``val`` and calibrate on ``cal`` (both the
+    val split when not given)."""
     cfg = cfg or TrainConfig()
     say = progress or (lambda _m, _f: None)
-    horizon_s = history.config.horizon_s
+    val = val if val is not None else history.splits["val"]
+    cal = cal if cal is not None else val
     torch.manual_seed(cfg.seed)
     threads_before = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        train, val = history.splits["train"], history.splits["val"]
-        idx, y = training_indices(train, horizon_s, cfg)
-        if y.sum() == 0:
-            raise ValueError(
-                "the train split holds no positive window: a longer history or a "
-                "larger fleet is needed"
-            )
+        train = history.splits["train"]
+        idx, y = training_indices(train, cfg, horizons_s)
+        pos_weight = positive_weight(y, cfg)
         x = train.windows(idx)
-        model = HealthLSTM(cfg.hidden, cfg.layers, history.config.window, BUCKET_S, horizon_s)
+        model = HealthLSTM(cfg.hidden, cfg.layers, history.config.window, BUCKET_S, horizons_s)
         mean, std = feature_stats(x)
         model.mean.copy_(torch.from_numpy(mean))
         model.std.copy_(torch.from_numpy(std))
         xt = torch.from_numpy(np.ascontiguousarray(x))
-        yt = torch.from_numpy(y.astype(np.float32))
-        n_pos = float(y.sum())
-        pos_weight = min((len(y) - n_pos) / n_pos, cfg.pos_weight_max)
-        loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight))
+        it = torch.from_numpy(interval_index(train.ttf_s[idx], horizons_s))
+        wt = torch.from_numpy(np.where(y[:, -1] > 0, pos_weight, 1.0).astype(np.float32))
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         val_x = val.windows()
-        val_y = val.labels(horizon_s)
-        best_ap, best_state, bad, history_ap = -1.0, None, 0, []
+        val_y = multi_labels(val.ttf_s, horizons_s)
+        best_ap, best_state, bad, history_ap = -math.inf, None, 0, []
         started = time.perf_counter()
         g = torch.Generator().manual_seed(cfg.seed)
         for epoch in range(cfg.epochs):
             model.train()
-            perm = torch.randperm(len(yt), generator=g)
+            perm = torch.randperm(len(xt), generator=g)
             total = 0.0
             for i in range(0, len(perm), cfg.batch_size):
                 b = perm[i : i + cfg.batch_size]
                 opt.zero_grad()
-                loss = loss_fn(model.logits(xt[b]), yt[b])
+                loss = hazard_nll(model.hazard_logits(xt[b]), it[b], wt[b])
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 total += float(loss.detach()) * len(b)
-            ap = weighted_ap(val_y, model.raw_logits(val_x), val.weight)
-            ap = -math.inf if math.isnan(ap) else ap
+            ap = mean_ap(val_y, model.raw_risks(val_x), val.weight)
             history_ap.append(ap)
             say(
-                f"epoch {epoch + 1}/{cfg.epochs}: loss {total / len(yt):.4f}, val PR-AUC {ap:.4f}",
+                f"epoch {epoch + 1}/{cfg.epochs}: loss {total / len(xt):.4f}, "
+                f"val PR-AUC (mean over horizons) {ap:.4f}",
                 (epoch + 1) / cfg.epochs,
             )
             if ap > best_ap:
@@ -312,17 +365,18 @@ def train_lstm(
                     break
         if best_state is not None:
             model.load_state_dict(best_state)
-        a, b = fit_calibration(model.raw_logits(val_x), val_y, val.weight)
-        model.calibration.copy_(torch.tensor([a, b]))
+        model.calibrator.fit(
+            model.raw_risks(cal.windows()), multi_labels(cal.ttf_s, horizons_s), cal.weight
+        )
         model.eval()
         info = {
             "train_windows": len(y),
-            "train_positives": int(n_pos),
+            "train_positives_by_horizon": y.sum(axis=0).astype(int).tolist(),
             "pos_weight": pos_weight,
             "epochs_run": len(history_ap),
             "val_pr_auc_by_epoch": history_ap,
             "val_pr_auc": best_ap,
-            "calibration": [a, b],
+            "calibration": model.calibrator.describe(),
             "train_s": time.perf_counter() - started,
             "parameters": sum(p.numel() for p in model.parameters()),
         }
@@ -333,16 +387,48 @@ def train_lstm(
 
 # -- the registry ------------------------------------------------------------------------------
 
-_champion_cache: dict[str, tuple[str, HealthLSTM]] = {}
+_champion_cache: dict[str, tuple[str, Any]] = {}
 
 
 def champion_uri(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> str:
     return f"models:/{name}@{alias}"
 
 
-def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> HealthLSTM:
-    """The model under ``alias`` in gpuflow's MLflow registry; cached per version, so a
-    monitor loads it once and picks up a new champion on its next call."""
+def health_pyfunc(model: Any) -> Any:
+    """An MLflow pyfunc wrapping any health model (LSTM, trees, rules): the champion is
+    whichever wins on cost, so the registry holds one kind of thing for all of them.
+    ``predict`` takes windows [n, window, F] and returns the risks [n, H]."""
+    import mlflow.pyfunc
+
+    class HealthPyfunc(mlflow.pyfunc.PythonModel):
+        def __init__(self, inner: Any) -> None:
+            self.model = inner
+
+        def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+            w = np.asarray(model_input, dtype=np.float32)
+            fn = getattr(self.model, "predict_risks", None)
+            return fn(w) if fn is not None else self.model.predict_risk(w)[:, None]
+
+    return HealthPyfunc(model)
+
+
+def load_registered(uri: str) -> Any:
+    """The health model inside a registered pyfunc (``models:/...`` or ``runs:/...``)."""
+    import mlflow.pyfunc
+
+    inner = getattr(mlflow.pyfunc.load_model(uri).unwrap_python_model(), "model", None)
+    if inner is None or not hasattr(inner, "predict_risk"):
+        raise LookupError(f"{uri} holds no gpuflow health model")
+    if isinstance(inner, nn.Module):
+        inner.eval()
+    return inner
+
+
+def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> Any:
+    """The model under ``alias`` in gpuflow's MLflow registry (whatever kind won: LSTM,
+    trees or rules); cached per version, so a monitor loads it once and picks up a new
+    champion on its next call. Its ``horizon_s`` and ``threshold_note`` say how it was
+    chosen."""
     import mlflow
     from gpuflow.tasks.tracking import tracking_uri
     from mlflow.exceptions import MlflowException
@@ -365,10 +451,7 @@ def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> 
     cached = _champion_cache.get(key)
     if cached is not None and cached[0] == version.version:
         return cached[1]
-    model = mlflow.pytorch.load_model(f"models:/{name}/{version.version}", map_location="cpu")
-    if not isinstance(model, HealthLSTM):
-        raise LookupError(f"{name} v{version.version} is a {type(model).__name__}, not HealthLSTM")
-    model.eval()
+    model = load_registered(f"models:/{name}/{version.version}")
     _champion_cache[key] = (version.version, model)
     return model
 
@@ -379,10 +462,12 @@ __all__ = [
     "REGISTERED_MODEL",
     "HealthLSTM",
     "HealthModel",
+    "MultiHorizon",
     "TrainConfig",
     "champion_uri",
-    "fit_calibration",
+    "health_pyfunc",
     "load_champion",
+    "load_registered",
     "train_lstm",
     "training_indices",
     "weighted_ap",

@@ -326,12 +326,13 @@ RULES_URI = "rules"
 
 
 def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
-    """(model, where it came from). None: the registered champion, or the threshold rules
-    when none is registered yet (so a fresh install still watches its fleet); "rules":
-    the rules; any other string: an MLflow model URI (``models:/name@alias``, ``runs:/``)."""
+    """(model, where it came from). None: the registered champion (whatever kind won on
+    cost: LSTM, trees or rules), or the threshold rules when none is registered yet (so a
+    fresh install still watches its fleet); "rules": the rules; any other string: an
+    MLflow model URI (``models:/name@alias``, ``runs:/``) of a health model."""
     from gpuflow.tasks.health.baselines import RuleModel
     from gpuflow.tasks.health.features import WINDOW_BUCKETS
-    from gpuflow.tasks.health.model import champion_uri, load_champion
+    from gpuflow.tasks.health.model import champion_uri, load_champion, load_registered
 
     if model_uri == RULES_URI:
         return RuleModel(WINDOW_BUCKETS), RULES_URI
@@ -341,16 +342,24 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
         except LookupError:
             return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
     import mlflow
-    from gpuflow.tasks.health.model import HealthLSTM
     from gpuflow.tasks.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_registry_uri(tracking_uri())
-    model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
-    if not isinstance(model, HealthLSTM):
-        raise ValueError(f"{model_uri} is a {type(model).__name__}, not a HealthLSTM")
-    model.eval()
-    return model, model_uri
+    try:
+        return load_registered(model_uri), model_uri
+    except LookupError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def describe_model(model: HealthModel, source: str) -> str:
+    """What decides, for logs, events and the tour: kind, horizon of its risk, source."""
+    from gpuflow.tasks.health.horizons import horizon_label
+
+    kind = getattr(model, "name", None) or type(model).__name__
+    h = getattr(model, "horizon_s", None)
+    within = f" P(fail within {horizon_label(h)})" if h else ""
+    return f"{kind}{within} [{source}]"
 
 
 # -- Prefect tasks -----------------------------------------------------------------------------

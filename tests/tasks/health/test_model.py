@@ -4,17 +4,19 @@ import numpy as np
 import pytest
 import torch
 from gpuflow.tasks.health.baselines import RuleModel, random_scores, rule_scores
+from gpuflow.tasks.health.calibration import HorizonCalibrator, brier, ece
 from gpuflow.tasks.health.features import FEATURE_INDEX, N_FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.history import History
+from gpuflow.tasks.health.horizons import HORIZONS_S, interval_index, multi_labels
 from gpuflow.tasks.health.model import (
     HealthLSTM,
     TrainConfig,
-    fit_calibration,
+    hazard_nll,
     train_lstm,
     training_indices,
 )
 
-from .conftest import TINY_HISTORY, TINY_TRAIN
+from .conftest import TINY_TRAIN
 
 FI = FEATURE_INDEX
 
@@ -41,27 +43,63 @@ def test_random_scores_alarm_at_the_asked_rate() -> None:
 
 def test_training_sample(tiny_history: History) -> None:
     sp = tiny_history.splits["train"]
-    idx, y = training_indices(sp, TINY_HISTORY.horizon_s, TINY_TRAIN)
-    assert y.sum() == sp.labels(TINY_HISTORY.horizon_s).sum()  # every positive is kept
+    idx, y = training_indices(sp, TINY_TRAIN)
+    near = (sp.ttf_s > 0) & (sp.ttf_s <= TINY_TRAIN.near_negatives_s)
+    assert y[:, 1].sum() == multi_labels(sp.ttf_s, HORIZONS_S)[near, 1].sum()  # all 6 h kept
+    assert np.all(np.diff(y, axis=1) >= 0)  # nested horizons
     assert len(np.unique(idx)) == len(idx)
     bg = sp.seg_kind[sp.seg[idx]] == 1
     assert bg.sum() <= TINY_TRAIN.max_background
 
 
-def test_trained_lstm_is_calibrated_and_checks_shapes(tiny_outcome) -> None:
+def test_trained_lstm_is_calibrated_monotone_and_checks_shapes(tiny_outcome) -> None:
     m: HealthLSTM = tiny_outcome.lstm
     w = np.random.default_rng(0).normal(size=(7, m.window, N_FEATURES)).astype(np.float32)
-    r = m.predict_risk(w)
-    assert r.shape == (7,) and np.all((r >= 0) & (r <= 1))
-    assert m.calibration.tolist() == pytest.approx(tiny_outcome.lstm_info["calibration"])
+    risks = m.predict_risks(w)
+    assert risks.shape == (7, len(HORIZONS_S)) and np.all((risks >= 0) & (risks <= 1))
+    assert np.all(np.diff(risks, axis=1) >= 0)  # P(T <= h) grows with h
+    assert np.array_equal(m.predict_risk(w), risks[:, m.horizon_index()])
+    assert m.calibrator.describe() == tiny_outcome.lstm_info["calibration"]
     with pytest.raises(ValueError, match="windows must be"):
         m.predict_risk(w[:, :5])
+    with pytest.raises(ValueError, match="not one of"):
+        m.use_horizon(1800.0)
     top = m.top_features(w, k=2)
     assert len(top) == 7 and all(len(t) == 2 for t in top)
     # the module carries its own normalization: a copy scores the same
-    clone = HealthLSTM(m.hidden, 1, m.window, m.bucket_s, m.horizon_s)
+    clone = HealthLSTM(m.hidden, 1, m.window, m.bucket_s, m.horizons_s)
     clone.load_state_dict(m.state_dict())
-    assert np.allclose(clone.predict_risk(w), r)
+    assert np.allclose(clone.raw_risks(w), m.raw_risks(w))
+
+
+def test_hazard_likelihood_prefers_the_right_interval() -> None:
+    ttf = np.array([600.0, 3 * 3600.0, np.inf])
+    it = torch.from_numpy(interval_index(ttf))
+    assert it.tolist() == [0, 1, len(HORIZONS_S)]
+    w = torch.ones(3)
+    right = torch.full((3, len(HORIZONS_S)), -6.0)
+    right[0, 0] = right[1, 1] = 6.0  # fail in its own interval, survive the others
+    wrong = -right
+    assert hazard_nll(right, it, w) < hazard_nll(wrong, it, w)
+
+
+def test_calibrator_fits_a_population_and_measures_it() -> None:
+    rng = np.random.default_rng(0)
+    n = 40_000
+    true_p = rng.beta(0.5, 20, n)
+    y = (rng.random(n) < true_p).astype(float)
+    raw = np.sqrt(true_p)  # a monotone distortion: isotonic undoes it
+    cal = HorizonCalibrator().fit(raw[:, None], y[:, None], np.ones(n))
+    p = cal(raw[:, None])[:, 0]
+    assert cal.describe() == ["isotonic"]
+    assert ece(y, p, np.ones(n)) < 0.01 < ece(y, raw, np.ones(n))
+    assert brier(y, p, np.ones(n)) < brier(y, raw, np.ones(n))
+    few = HorizonCalibrator().fit(raw[:300, None], y[:300, None], np.ones(300))
+    assert few.describe() == ["platt"]  # too few failing windows for isotonic
+    # weights: a window standing for 9 others counts as 10
+    w = np.where(y == 0, 10.0, 1.0)
+    p_w = HorizonCalibrator().fit(raw[:, None], y[:, None], w)(raw[:, None])[:, 0]
+    assert np.average(p_w, weights=w) == pytest.approx(np.average(y, weights=w), rel=0.05)
 
 
 def test_no_positive_means_a_clear_error(tiny_history: History) -> None:
@@ -73,15 +111,6 @@ def test_no_positive_means_a_clear_error(tiny_history: History) -> None:
             train_lstm(tiny_history, TrainConfig.small(epochs=1))
     finally:
         sp.ttf_s = saved
-
-
-def test_fit_calibration_recovers_a_logistic() -> None:
-    rng = np.random.default_rng(0)
-    z = rng.normal(size=20_000) * 3
-    y = (rng.random(20_000) < 1 / (1 + np.exp(-(0.5 * z - 2)))).astype(float)
-    a, b = fit_calibration(z, y, np.ones_like(z))
-    assert a == pytest.approx(0.5, abs=0.05) and b == pytest.approx(-2, abs=0.1)
-    assert fit_calibration(z, np.zeros_like(z), np.ones_like(z)) == (1.0, 0.0)
 
 
 def test_train_config_validation() -> None:

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from gpuflow.tasks.health.features import N_FEATURES
+from gpuflow.tasks.health.horizons import HORIZONS_S
 from gpuflow.tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL, load_champion
 from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
 from gpuflow.tasks.health.pipeline import log_outcome, score_split
@@ -36,7 +38,30 @@ def test_outcome_compares_every_model(tiny_outcome, tiny_history) -> None:
     assert tuned["random"].threshold == pytest.approx(1 - tuned["lstm"].metrics["alert_rate"])
     metrics = tiny_outcome.headline_metrics()
     assert "lstm_pr_auc" in metrics and "tuned_gbt_recall" in metrics
+    assert "lstm_brier_1h" in metrics and "gbt_ece_72h" in metrics
     assert all(not math.isnan(v) for v in metrics.values())
+
+
+def test_champion_is_the_cheapest_on_validation(tiny_outcome) -> None:
+    o = tiny_outcome
+    assert {(r.model, r.horizon_s) for r in o.val_costs} == {
+        (m, h) for m in ("rules", "gbt", "lstm") for h in HORIZONS_S
+    }
+    cheapest = min(r.cost_gpu_h_per_1000_dd for r in o.val_costs)
+    mine = [
+        r for r in o.val_costs if r.model == o.champion and r.horizon_s == o.horizons[o.champion]
+    ]
+    assert mine[0].cost_gpu_h_per_1000_dd == cheapest
+    assert o.champion_model.horizon_s == o.horizons[o.champion]
+    assert o.champion in o.champion_line() and "cost rule" in o.champion_line()
+    # the rule's break-even risk is about 1 % for the reference job, at every horizon
+    assert all(0.001 < r.threshold < 0.1 for r in o.val_costs)
+    # doing nothing saves nothing: a model that never acts is at 0
+    for r in o.val_costs:
+        if r.alarms == 0:
+            assert r.saved_gpu_h_per_1000_dd == pytest.approx(0.0, abs=1e-9)
+    rep = o.calibration["lstm"]["1h"]
+    assert 0.0 <= rep["brier"] <= 1.0 and 0.0 <= rep["ece"] <= 1.0 and rep["reliability"]
 
 
 def _remap_visible_share(history) -> tuple[float, float]:
@@ -81,12 +106,16 @@ def test_record_register_and_load_champion(tiny_outcome) -> None:
     assert {
         "evaluation/pr_curve.png",
         "evaluation/lead_times.png",
+        "evaluation/reliability.png",
         "evaluation/summary.json",
     } <= arts
+    assert run.data.tags["gpuflow.champion"] == tiny_outcome.champion
     champion = load_champion()
-    test = tiny_outcome  # the loaded champion scores exactly like the trained model
-    w = np.random.default_rng(1).normal(size=(5, champion.window, 20)).astype(np.float32)
-    assert np.allclose(champion.predict_risk(w), test.lstm.predict_risk(w), atol=1e-6)
+    # the loaded champion is the trained one, at its horizon, and scores exactly like it
+    trained = tiny_outcome.champion_model
+    assert type(champion) is type(trained) and champion.horizon_s == trained.horizon_s
+    w = np.random.default_rng(1).normal(size=(5, champion.window, N_FEATURES)).astype(np.float32)
+    assert np.allclose(champion.predict_risk(w), trained.predict_risk(w), atol=1e-6)
     assert load_champion() is champion  # cached per version
     # a second registration moves the alias
     rec2 = log_outcome(tiny_outcome, run_name="test-2")
