@@ -367,6 +367,12 @@ class Backend(abc.ABC):
         """
         return 0.0
 
+    def device_time_ratio(self, node: str, index: int, owner: str) -> float | None:
+        """T(f) / T(f_max): how much longer the owner's work takes at the device's current
+        clock than at its highest, where the backend models it (the twin); None where the
+        step's time is already real (real devices), so nothing paces it."""
+        return None
+
     def end_workload(self, owner: str) -> None:  # noqa: B027 - optional hook
         """The job ``owner`` no longer runs (see report_workload)."""
 

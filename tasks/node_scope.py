@@ -84,6 +84,7 @@ class NodeView(Backend):
     set_power_limit_mw = _OnOwnNode()
     report_workload = _OnOwnNode()
     device_delay_s = _OnOwnNode()
+    device_time_ratio = _OnOwnNode()
 
     def reset_devices(self, devices: Sequence[tuple[str, int]]) -> None:
         others = sorted({n for n, _ in devices} - {self.node})

@@ -159,6 +159,11 @@ class TenantsApi(SimCore):
         """
         if not is_number(busy_s) or not math.isfinite(busy_s) or busy_s < 0:
             raise InvalidRequestError(f"busy_s must be a number >= 0, got {busy_s!r}")
+        return float(busy_s) * (self.device_time_ratio(node, index, owner) - 1.0)
+
+    def device_time_ratio(self, node: str, index: int, owner: str) -> float:
+        """T(f) / T(f_max) for ``owner``'s character at the clock the device runs now (see
+        device_delay_s): what the training loop's pacing stretches a step's work by."""
         with self._txn() as (state, _):
             dev = self._live(state, node, index)
             if dev["health"] == "failed":
@@ -179,8 +184,7 @@ class TenantsApi(SimCore):
             if c.load <= 0.0:
                 c = dataclasses.replace(c, load=1.0, activity=activity)
             op = physics.decide(s, fleet.power_model(s.name), c, dev["temperature_c"])
-            ratio = dvfs_model.time_ratio(op.clock_mhz, s.sm_clock_max_mhz, m)
-            return float(busy_s) * (ratio - 1.0)
+            return float(dvfs_model.time_ratio(op.clock_mhz, s.sm_clock_max_mhz, m))
 
     def end_workload(self, owner: str) -> None:
         """Backend hook: the job ended (clear_workload)."""

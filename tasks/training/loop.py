@@ -48,7 +48,7 @@ class UtilizationProbe(Protocol):
 
     def observe_step(self, busy_s: float, wall_s: float) -> float | None: ...
 
-    def pace(self, busy_s: float) -> float: ...
+    def pace(self, busy_s: float, key: str = "") -> float: ...
 
 
 class ControlChannel(Protocol):
@@ -327,7 +327,8 @@ def _train(
             # would land in the next step's time (and in the other arm's at a block's end).
             torch.cuda.synchronize(device)
         if utilization is not None:
-            utilization.pace(time.perf_counter() - t_busy)  # the twin's clock (see pace)
+            # The twin's clock (see pace), per precision in force (AutoPrecision's A/B).
+            utilization.pace(time.perf_counter() - t_busy, w.precision.current)
         busy_s = time.perf_counter() - t_busy
         train_time_s += busy_s
         step += 1

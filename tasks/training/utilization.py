@@ -6,11 +6,14 @@ back the way NVML reports it. Readings are at most one per ``min_interval_s``: N
 figure is a share of time over a 1/6-1 s window, so faster polling only adds noise.
 
 Pacing: on the twin a device's clock (power limit, locked clocks, heat) sets how long the
-work takes, which a CPU cannot show by itself; ``pace`` sleeps the extra time the backend
-says (Backend.device_delay_s: 0 on real devices, whose steps are already real) inside the
-step's busy window, so a power limit that slows a real GPU slows the job on the twin too.
-The factor is read at most once per ``PACE_REFRESH_S`` (a twin call costs ~1.5 ms), and at
-once after ``refresh_pace`` (a setting just changed).
+work takes, which a CPU cannot show by itself; ``pace`` sleeps inside the step's busy window
+until the step has taken the device's time, max(host busy, reference x T(f)/T(f_max))
+(tasks.training.pacing: the reference is a padded running median of the host's busy time,
+per precision), so a power limit that slows a real GPU slows the job on the twin too and the
+host's jitter does not swamp it. Real devices (Backend.device_time_ratio None) are not
+paced: their steps are already real; a backend that models only Backend.device_delay_s gets
+that delay. The ratio is read at most once per ``PACE_REFRESH_S`` (a twin call costs
+~1.5 ms), and at once after ``refresh_pace`` (a setting just changed).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import time
 
 from gpuflow.hardware.backend import Backend
+from gpuflow.tasks.training.pacing import PAD, StepPacer
 
 PACE_REFRESH_S = 0.25
 
@@ -40,7 +44,7 @@ class BusyShare:
         self._window_start = time.monotonic()
         return ratio
 
-    def pace(self, busy_s: float) -> float:
+    def pace(self, busy_s: float, key: str = "") -> float:
         """No device to wait for: the host's time is the step's time."""
         return 0.0
 
@@ -57,30 +61,39 @@ class DeviceUtilization:
         partition_uuid: str | None = None,
         memory_mb: int = 0,
         min_interval_s: float = 0.5,
+        pad: float = PAD,
     ) -> None:
         self.backend, self.node, self.index = backend, node, index
         self.owner, self.partition_uuid, self.memory_mb = owner, partition_uuid, memory_mb
         self._share = BusyShare(min_interval_s)
         self.last_ratio: float | None = None
-        self._delay_per_busy_s: float | None = None  # device_delay_s(busy_s=1), cached
-        self._delay_read_at = -float("inf")
+        self.pacer = StepPacer(pad)
+        self._time_ratio: float | None = None  # device_time_ratio, cached
+        self._delay_per_busy_s = 0.0  # device_delay_s(busy_s=1), where there is no ratio
+        self._read_at: float | None = None
 
-    def pace(self, busy_s: float) -> float:
-        """Sleep what the device needs beyond ``busy_s`` of host-timed work; returns it."""
+    def pace(self, busy_s: float, key: str = "") -> float:
+        """Sleep until a step of ``busy_s`` host-timed work under ``key`` (the precision in
+        force) has taken the device's time; returns the seconds slept."""
         now = time.monotonic()
-        if self._delay_per_busy_s is None or now - self._delay_read_at >= PACE_REFRESH_S:
-            self._delay_per_busy_s = self.backend.device_delay_s(
-                self.node, self.index, self.owner, 1.0
-            )
-            self._delay_read_at = now
-        delay_s = busy_s * self._delay_per_busy_s
+        if self._read_at is None or now - self._read_at >= PACE_REFRESH_S:
+            self._time_ratio = self.backend.device_time_ratio(self.node, self.index, self.owner)
+            if self._time_ratio is None:
+                self._delay_per_busy_s = self.backend.device_delay_s(
+                    self.node, self.index, self.owner, 1.0
+                )
+            self._read_at = now
+        if self._time_ratio is None:
+            delay_s = busy_s * self._delay_per_busy_s
+        else:
+            delay_s = self.pacer.step_s(busy_s, self._time_ratio, key) - busy_s
         if delay_s > 0:
             time.sleep(delay_s)
         return delay_s
 
     def refresh_pace(self) -> None:
-        """Read the factor again at the next step (a power limit or clock just changed)."""
-        self._delay_per_busy_s = None
+        """Read the ratio again at the next step (a power limit or clock just changed)."""
+        self._read_at = None
 
     def observe_step(self, busy_s: float, wall_s: float) -> float | None:
         share = self._share.observe_step(busy_s, wall_s)
