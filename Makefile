@@ -17,7 +17,9 @@ $(BIN)/python:
 # setuptools says "Editable installation ... be careful with folders in your working
 # directory" for every layout that maps folders (hardware/ -> gpuflow.hardware, setup.py):
 # information about the layout we chose, not a problem, so it is not shown.
-PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
+# --no-compile: pip would byte-compile every file of torch, MLflow and Prefect (about 40 s
+# of an install's 90 s on 2 cores); Python compiles, once, only the modules imported.
+PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --no-compile
 
 # Stamps re-run the install when pyproject.toml or setup.py changes.
 $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python

@@ -24,7 +24,7 @@ import pytest
 from gpuflow import controlplane
 from tests.helpers.precision import cpu_reduced_policy
 from tests.helpers.store_templates import seed
-from tests.helpers.workers import FAST_WORKERS
+from tests.helpers.workers import FAST_WORKERS, pause_schedules
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
@@ -82,6 +82,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     )  # fmt: skip
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     state = json.loads((home / "controlplane.json").read_text())
+    paused = pause_schedules(state["prefect_api_url"])
     client_env = {
         **env,
         "PREFECT_API_URL": state["prefect_api_url"],
@@ -94,6 +95,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             "env": env,
             "client_env": client_env,
             "tour": tour.stdout + tour.stderr,
+            "paused": paused,
         }
     finally:
         _gpuflow("down", env=env)  # a no-op when the last test already stopped it
@@ -119,6 +121,9 @@ def test_up_serves_and_applies_every_deployment(plane: dict) -> None:
         "edge_deploy",
     ):
         assert name in listed, f"deployment {name} missing:\n{listed}"
+    # `up` turned on the schedules prefect.yaml gives (the fixture turned them off again).
+    scheduled = ["dvfs", "edge_supervise", "inventory", "monitor", "reconcile", "schedule"]
+    assert plane["paused"] == scheduled
     again = _gpuflow("up", "--prefect-port", "0", "--mlflow-port", "0", env=plane["env"])
     assert again.returncode == 2 and "already up" in again.stderr
     # The host's telemetry exporter: every twin device, in DCGM's names, URL recorded.

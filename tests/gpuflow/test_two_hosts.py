@@ -43,7 +43,7 @@ from gpuflow import controlplane
 from tests.helpers.hosts import two_hosts
 from tests.helpers.step_gate import StepGate, gates_env
 from tests.helpers.store_templates import seed
-from tests.helpers.workers import FAST_WORKERS
+from tests.helpers.workers import FAST_WORKERS, pause_schedules
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
@@ -170,6 +170,8 @@ def box(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator
                 on=hosts.gpu_prefix,
             )
             assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
+            # Only the tests' actions run flows: no periodic scheduler, monitor or inventory.
+            assert "monitor" in pause_schedules(state["prefect_api_url"])
             client_env = {
                 **env,
                 "PREFECT_API_URL": state["prefect_api_url"],
@@ -477,11 +479,6 @@ def test_a_job_and_a_gang_run_where_placed_and_move_to_the_other_host(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     api = box["client_env"]["PREFECT_API_URL"]
-    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-        # Only this test's actions move jobs: no periodic scheduler, monitor or inventory.
-        for dep in client.read_deployments():
-            for sched in client.read_deployment_schedules(dep.id):
-                client.update_deployment_schedule(dep.id, sched.id, active=False)
     watch = _start_gpu_host_monitor(api)  # checked at the end: it runs meanwhile
 
     _submit(box, JOB, STEPS, INTERVAL, "--sku", "a100-40gb")
