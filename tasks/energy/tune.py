@@ -2,8 +2,9 @@
 
 The device is leased for the tune (nothing else is placed on it meanwhile; a device that is
 leased already is refused), a reference workload runs on it - a GEMM loop on the device's
-torch device, which is the host CPU for the twin, whose tenant's time then follows the
-device's clock (Backend.device_delay_s) - and the SettingSearch probes power limits with
+torch device, which is the host CPU for the twin, whose units are paced to the device's
+time as a training step is (tasks.training.pacing: max(host busy, padded reference x
+T(f)/T(f_max))) - and the SettingSearch probes power limits with
 the EnergyMeter. Every change goes through DeviceSettings under holder ``tune:<node>:<i>``:
 without ``--keep`` the device goes back at the end; with it the chosen limit stays, held
 for ``hold_s``, after which the next controller run (restore_stale) puts the default back.
