@@ -12,11 +12,15 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -138,62 +142,252 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def run(quick: bool = False, report: Callable[[str], None] = print) -> dict[str, Any]:
-    from gpuflow.tasks.health.history import HistoryConfig
-    from gpuflow.tasks.health.pipeline import log_outcome, train_and_evaluate
+MODELS = ("rules", "gbt", "lstm", "random", "oracle")
+LEARNED = ("gbt", "lstm")
+# The precursor-noise knobs swept, quiet -> noisy: the share of HBM failures with no
+# precursor (hardware.sim.hazard.hbm_silent_share) and benign pending remaps per healthy
+# device-day (hardware.sim.noise.benign_remap_per_day). "default" is the twin's own.
+NOISE_SETTINGS: tuple[tuple[str, float, float], ...] = (
+    ("quiet", 0.0, 0.0),
+    ("default", 0.30, 2e-3),
+    ("noisy", 0.50, 1e-2),
+    ("very noisy", 0.70, 3e-2),
+)
+QUICK_NOISE = ("quiet", "default", "very noisy")
+MAIN_MEASURES = (
+    ("precision", "precision", "{:.2f}"),
+    *(
+        (f"recall {c}", f"recall_{c}", "{:.2f}")
+        for c in ("hbm", "thermal", "xid79", "ecc-uncorrectable")
+    ),
+    ("recall, all", "recall", "{:.2f}"),
+    ("false alarms / 1000 dd", "fa_per_1000_dd", "{:.1f}"),
+    ("net GPU-h saved / 1000 dd", "net_saved_gpu_h_per_1000_dd", "{:.1f}"),
+    ("Brier", "brier", "{:.2e}"),
+    ("ECE", "ece", "{:.2e}"),
+)
+SWEEP_MEASURES = (
+    ("recall", "recall", "{:.2f}"),
+    ("precision", "precision", "{:.2f}"),
+    ("net GPU-h saved / 1000 dd", "net_saved_gpu_h_per_1000_dd", "{:.1f}"),
+)
 
-    machine = {
+
+def _machine() -> dict[str, Any]:
+    return {
         "cpu": _cpu_name(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+def seed_rows(history: Any, outcome: Any) -> np.ndarray:
+    """Per test device the bootstrap columns of every model of MODELS, each as it is run:
+    GBT and LSTM at the cost rule's break-even risk for their chosen horizon (what the
+    monitor does), rules at 0.5, random at the LSTM's alert rate, oracle at the
+    champion's horizon."""
+    from gpuflow.tasks.health import uncertainty as u
+    from gpuflow.tasks.health.baselines import oracle_scores, random_scores
+    from gpuflow.tasks.health.champion import decision_threshold
+    from gpuflow.tasks.health.evaluate import random_threshold_for
+    from gpuflow.tasks.health.pipeline import score_split
+    from gpuflow.tasks.remediation.alarm_stream import split_devices
+
+    test = history.splits["test"]
+    hz = outcome.horizons
+    runs: dict[str, Any] = {
+        "rules": u.model_run(test, score_split(outcome.rules, test), 0.5, hz["rules"])
+    }
+    for name in LEARNED:
+        r = score_split(outcome.model(name), test)
+        runs[name] = u.model_run(test, r, decision_threshold(hz[name]), hz[name])
+    lstm = runs["lstm"]
+    rate = float(np.average(lstm.risk >= decision_threshold(hz["lstm"]), weights=test.weight))
+    rand = random_scores(test.n_windows, seed=history.config.seed)
+    runs["random"] = u.model_run(test, rand, random_threshold_for(rate), hz["lstm"])
+    h = hz[outcome.champion]
+    runs["oracle"] = u.model_run(test, oracle_scores(test, h), 0.5, h)
+    facts = u.split_facts(test, split_devices(history.config, "test"))
+    return u.device_rows(facts, {m: runs[m] for m in MODELS})
+
+
+def _train_seed(hc: Any, tc: Any, gc: Any, report: Callable[[str], None]) -> tuple[Any, Any]:
+    from gpuflow.tasks.health.history import load_or_generate
+    from gpuflow.tasks.health.pipeline import train_and_evaluate
+
+    history, _ = load_or_generate(hc)
+    outcome = train_and_evaluate(
+        hc,
+        tc,
+        gc,
+        history=history,
+        cache=False,
+        progress=lambda m, f: report(f"seed {hc.seed}: {m}"),
+    )
+    return history, outcome
+
+
+def _rows(study: Any, measures: tuple[tuple[str, str, str], ...]) -> dict[str, str]:
+    """'<model>: <measure>' -> 'mean [lo, hi]' (with 'n=7 <20' when it rests on few)."""
+    from gpuflow.tasks.health.uncertainty import fmt
+
+    return {
+        f"{m}: {label}": fmt(study.table[m][key], spec)
+        for m in study.table
+        for label, key, spec in measures
+    }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to run: the fleet (HistoryConfig.small overrides), the history seeds of
+    the main table and of each sweep setting, the sweep's settings, the resamples."""
+
+    size: dict[str, Any]
+    main_seeds: tuple[int, ...]
+    sweep_seeds: tuple[int, ...]
+    settings: tuple[str, ...]
+    resamples: int
+    gbt_max_iter: int
+
+    @classmethod
+    def of(cls, quick: bool) -> Plan:
+        if quick:  # a smoke run: small fleets, few seeds, wide intervals
+            return cls({"nodes": 48, "days": 60.0}, (1, 2), (1,), QUICK_NOISE, 300, 50)
+        return cls({}, (1, 2, 3, 4), (1, 2), tuple(n for n, *_ in NOISE_SETTINGS), 1000, 150)
+
+
+def run_uncertainty(
+    quick: bool, report: Callable[[str], None] = print, plan: Plan | None = None
+) -> dict[str, Any]:
+    """The main table (every model, every figure, 95 % CIs over devices and history seeds)
+    and the noise sweep with its crossover (tasks.health.uncertainty)."""
+    from gpuflow.tasks.health import uncertainty as u
+    from gpuflow.tasks.health.baselines import GbtConfig
+    from gpuflow.tasks.health.history import HistoryConfig
+
+    plan = plan or Plan.of(quick)
+    tc = TrainConfig.small()
+    gc = GbtConfig(max_iter=plan.gbt_max_iter)
+    size, main_seeds, sweep_seeds, resamples = (
+        plan.size,
+        plan.main_seeds,
+        plan.sweep_seeds,
+        plan.resamples,
+    )
+    started = time.perf_counter()
+    rows = []
+    first = None
+    for s in main_seeds:
+        report(f"main table: history seed {s}")
+        history, outcome = _train_seed(HistoryConfig.small(seed=s, **size), tc, gc, report)
+        first = first or outcome
+        rows.append(seed_rows(history, outcome))
+    main = u.study(rows, MODELS, resamples=resamples)
+    t_main = time.perf_counter() - started
+    settings = [x for x in NOISE_SETTINGS if x[0] in plan.settings]
+    sections: dict[str, dict[str, str]] = {}
+    raw: dict[str, Any] = {"main": main.table}
+    diffs = []
+    for label, silent, remaps in settings:
+        srows = []
+        for s in sweep_seeds:
+            report(f"noise sweep {label}: history seed {s}")
+            hc = HistoryConfig.small(
+                seed=s,
+                hazard_overrides={"hbm_silent_share": silent},
+                noise={"benign_remap_per_day": remaps},
+                **size,
+            )
+            history, outcome = _train_seed(hc, tc, gc, report)
+            srows.append(seed_rows(history, outcome))
+        st = u.study(srows, MODELS, resamples=resamples)
+        d = {m: u.difference(st, m, "rules", "net_saved_gpu_h_per_1000_dd") for m in LEARNED}
+        diffs.append((label, d))
+        knobs = f"hbm_silent_share {silent:g}, benign_remap_per_day {remaps:g}"
+        sections[f"noise sweep: {label} ({knobs}; {st.failures} failures)"] = _rows(
+            st, SWEEP_MEASURES
+        ) | {
+            f"{m} - rules: net GPU-h saved / 1000 dd": f"{x['mean']:+.1f} "
+            f"[{x['lo']:+.1f}, {x['hi']:+.1f}] ({u.verdict(x)})"
+            for m, x in d.items()
+        }
+        raw[f"sweep {label}"] = {"knobs": knobs, "table": st.table, "vs rules": d}
+    finding = u.crossover(diffs)
+    out: dict[str, Any] = {
+        "setup": {
+            "main": f"{main.seeds} history seeds ({', '.join(map(str, main_seeds))}), "
+            f"{main.devices} test devices, {main.device_days:.0f} device-days, "
+            f"{main.failures} failures; HistoryConfig.small({size or ''}), "
+            f"TrainConfig.small(), GbtConfig(max_iter={gc.max_iter})",
+            "sweep": f"{len(sweep_seeds)} history seed(s) per setting",
+            "resamples": str(resamples),
+            "operating points": "gbt, lstm: the cost rule's break-even risk at their chosen "
+            "horizon; rules 0.5; random at the LSTM's alert rate; oracle at the champion's "
+            "horizon",
+            "net saved": "detected x G(T/2+R) - alarms x G(C+M), reference job of "
+            "tasks.health.champion, GPU-h per 1000 device-days",
+            "intervals": "95 % bootstrap over history seeds and devices; 'n=7 <20': the "
+            "figure rests on fewer than 20 events",
+            "main wall time, s": f"{t_main:.1f}",
+            "sweep wall time, s": f"{time.perf_counter() - started - t_main:.1f}",
+        },
+        "health: test splits, mean [95 % CI]": _rows(main, MAIN_MEASURES),
+        **sections,
+        "noise sweep: finding": {"crossover": finding},
+        "figures": [raw],  # a list: the CLI prints only the dict sections
+    }
+    for title, rows in out.items():
+        if isinstance(rows, dict) and title != "setup":
+            report(title)
+            for k, v in rows.items():
+                report(f"  {k}: {v}")
+    out["_outcome"] = first
+    return out
+
+
+def _ci_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """MLflow metrics: ci_<model>_<figure>[_lo|_hi] and sweep_<setting>_<model>_<figure>."""
+    out: dict[str, float] = {}
+
+    def put(prefix: str, table: dict[str, dict[str, dict[str, Any]]]) -> None:
+        for m, figs in table.items():
+            for fig, c in figs.items():
+                for k, suffix in (("mean", ""), ("lo", "_lo"), ("hi", "_hi")):
+                    v = c[k]
+                    if isinstance(v, float) and math.isfinite(v):
+                        key = re.sub(r"[^\w]", "_", f"{prefix}_{m}_{fig}{suffix}")
+                        out[key] = v
+
+    raw = result["figures"][0]
+    put("ci", raw["main"])
+    for label, row in raw.items():
+        if label != "main":
+            put(label.replace(" ", "_"), row["table"])
+    return out
+
+
+def run(quick: bool = False, report: Callable[[str], None] = print) -> dict[str, Any]:
+    import mlflow
+
+    from gpuflow.tasks.health.pipeline import log_outcome
+
+    started = time.perf_counter()
+    machine = _machine()
     scoring = bench_scoring(rounds=3 if quick else 7, report=report)
     report(f"scoring: {scoring['round_s']} s per round of {scoring['devices']} devices")
-    hc = HistoryConfig.small() if quick else HistoryConfig()
-    tc = TrainConfig.small() if quick else TrainConfig()
-    outcome = train_and_evaluate(hc, tc, progress=lambda m, f: report(f"training: {m}"))
+    result = run_uncertainty(quick, report)
+    outcome = result.pop("_outcome")
     recorded = log_outcome(outcome, register=False, run_name="bench-health")
-    s = outcome.summary()
-    keep = (
-        "threshold",
-        "precision",
-        "recall",
-        "recall_precursor_classes",
-        "recall_abrupt_classes",
-        "fa_per_1000_device_days",
-        "pr_auc",
-        "alert_rate",
-        "lead_p10_s",
-        "lead_p50_s",
-        "lead_p90_s",
-        "failures",
-        "detected",
-    )
-    figures = {
-        f"{name}{suffix}": {k: r[k] for k in keep if k in r}
-        | {f"recall_{c}": m["recall"] for c, m in r["by_class"].items()}
-        for key, suffix in (
-            ("test_at_monitor_threshold", ""),
-            ("test_at_tuned_threshold", "_tuned"),
-        )
-        for name, r in s[key].items()
-    }
+    with mlflow.start_run(run_id=recorded["run_id"]):
+        mlflow.log_metrics(_ci_metrics(result))
+        mlflow.log_text(json.dumps(result, indent=2, default=str), "evaluation/health_ci.json")
     return {
         "machine": machine,
         "scoring": scoring,
-        "history": {
-            k: s["history"][k]
-            for k in ("devices", "days", "failures", "failures_by_class", "generate_s")
-        }
-        | {"test": s["history"]["splits"]["test"]},
-        "lstm": {
-            k: s["lstm"][k]
-            for k in ("train_windows", "epochs_run", "val_pr_auc", "train_s", "parameters")
-        },
-        "test_split": figures,
-        "thresholds": s["thresholds"],
-        "timings_s": s["timings_s"],
+        **result,
         "mlflow_run_id": recorded["run_id"],
         "quick": quick,
+        "wall time, s": round(time.perf_counter() - started, 1),
     }
