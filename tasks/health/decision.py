@@ -55,7 +55,7 @@ DRAIN_RISK = 0.85  # the seed's threshold: drain at once, whatever the costs
 
 # -- defaults, for a job with no measurement of its own (seconds of the gang's time) ------
 # C: one synchronous checkpoint. DESIGN.md 4 gives no figure; 2 minutes is this project's
-# assumption (tasks.remediation.downtime_sim uses the same constant).
+# assumption (both downtime studies use it, through tasks.remediation.downtime_sim).
 DEFAULT_CHECKPOINT_SAVE_S = 120.0
 # R: an unplanned restart (detect, reschedule, reload, warm up). DESIGN.md 4: "restart
 # overhead 5-20 minutes per failure at scale"; 10 minutes, inside that range.
