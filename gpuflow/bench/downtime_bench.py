@@ -182,6 +182,9 @@ def run(quick: bool = False, report: Report = print) -> dict[str, Any]:
             ),
             "resamples": f"alarm streams {resamples} (seeds, devices); replay {n_main} "
             f"(nodes), {n_caps} per reschedule cap",
+            "alarm-stream horizons (per seed, each model's own, chosen on validation)": (
+                streams.horizon_summary()
+            ),
             "alarm-stream wall time, s": round(t_streams, 1),
         },
         "alarm streams (twin, held-out test splits)": _rows(streams.table, STREAM_MEASURES),

@@ -11,7 +11,9 @@ actual failures do to it is accounted by tasks.remediation.downtime_sim:
 
 * an alarm episode (true or false) makes the job checkpoint and move: C + M of the gang;
 * a failure detected (the device in alarm between ``lead_min`` and the horizon before it,
-  evaluate.py's rule) costs nothing more: the job had left;
+  evaluate.py's rule) costs nothing more: the job had left. The horizon is each model's
+  own: the one its risk is P(fail within) of, chosen on validation by cost
+  (tasks.health.champion) and used by the monitor; not the history's label horizon;
 * a failure not detected costs the work since the last Young/Daly checkpoint plus R.
 
 Background episodes stand for the healthy device-time their segment samples (their
@@ -19,16 +21,18 @@ window weight, as in evaluate.py), so a device's false-alarm cost is a weighted 
 the split's device-days are shared evenly among its devices (repair downtime differs a
 little per device; the split's total is exact). T (Young/Daly) comes from the failure rate
 pooled over the seeds' test splits. Strategies: reactive (no alarms), rules, GBT, LSTM at
-their validation-tuned thresholds, random at the LSTM's alert rate, oracle (alarms in
-exactly the horizon before every failure, abrupt ones included: a bound, not a model).
+their validation-tuned thresholds (and at the decision rule's break-even risk for their
+horizon), random at the LSTM's alert rate and horizon, oracle (alarms in exactly the
+champion's horizon before every failure, abrupt ones included: a bound, not a model).
 Intervals: bootstrap over history seeds and, within each, over devices.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 from gpuflow.tasks.health.evaluate import (
@@ -39,6 +43,7 @@ from gpuflow.tasks.health.evaluate import (
 )
 from gpuflow.tasks.health.history import History, HistoryConfig, SplitData
 from gpuflow.tasks.health.history_splits import split_of_nodes
+from gpuflow.tasks.health.horizons import horizon_label
 from gpuflow.tasks.remediation.downtime_sim import (
     DowntimeCosts,
     fleet_figures,
@@ -52,7 +57,17 @@ REACTIVE = "reactive"
 _PER_STRATEGY = ("unplanned", "planned", "detected_pre", "detected_abrupt", "false_alarms")
 _SHARED = ("device_days", "failures_pre", "failures_abrupt")
 
-Risks = Mapping[str, tuple[np.ndarray, float]]  # strategy -> (per-window risk, threshold)
+
+class StrategyRisk(NamedTuple):
+    """A strategy's per-window risks on a split, the threshold it acts at, and the horizon
+    the risk is P(fail within) of (alarms count as detections within that horizon)."""
+
+    risks: np.ndarray
+    threshold: float
+    horizon_s: float
+
+
+Risks = Mapping[str, StrategyRisk]
 
 
 def alarm_stream(
@@ -87,6 +102,7 @@ class SeedStreams:
     fail_ordinal: np.ndarray
     fail_abrupt: np.ndarray
     streams: dict[str, AlarmEpisodes | None]  # None: reactive (no alarms)
+    horizons_s: dict[str, float] = field(default_factory=dict)  # each stream's horizon
 
     @property
     def failures_per_gpu_day(self) -> float:
@@ -99,16 +115,19 @@ def seed_streams(
     """Alarm streams of every strategy on ``history``'s test split."""
     split = history.splits["test"]
     streams: dict[str, AlarmEpisodes | None] = {REACTIVE: None}
-    for name, (r, threshold) in risks.items():
+    horizons: dict[str, float] = {}
+    for name, (r, threshold, horizon_s) in risks.items():
         if name == REACTIVE:
             raise ValueError(f"{REACTIVE!r} is the no-alarm strategy: it takes no risks")
-        streams[name] = alarm_stream(split, r, threshold, history.config.horizon_s, lead_min_s)
+        streams[name] = alarm_stream(split, r, threshold, horizon_s, lead_min_s)
+        horizons[name] = float(horizon_s)
     return SeedStreams(
         devices=split_devices(history.config),
         device_days=split.device_days,
         fail_ordinal=split.fail_ordinal,
         fail_abrupt=np.isin(split.fail_kind, ABRUPT_CLASSES),
         streams=streams,
+        horizons_s=horizons,
     )
 
 
@@ -172,6 +191,14 @@ class StreamStudy:
     device_days: float
     failures: int
     failures_abrupt: int
+    horizons_s: dict[str, list[float]] = field(default_factory=dict)  # per seed, per strategy
+
+    def horizon_summary(self) -> dict[str, str]:
+        """Per strategy, the horizons its alarms were counted at and in how many seeds."""
+        return {
+            name: ", ".join(f"{horizon_label(h)} x{n}" for h, n in sorted(Counter(hs).items()))
+            for name, hs in self.horizons_s.items()
+        }
 
 
 def study(
@@ -212,6 +239,11 @@ def study(
         device_days=float(point_totals[at["device_days"]]),
         failures=failures,
         failures_abrupt=int(sum(s.fail_abrupt.sum() for s in seeds)),
+        horizons_s={
+            n: [s.horizons_s[n] for s in seeds if n in s.horizons_s]
+            for n in names
+            if any(n in s.horizons_s for s in seeds)
+        },
     )
 
 
@@ -244,14 +276,17 @@ def trained_risks(
     train_config: Any = None,
     costs: DowntimeCosts | None = None,
     progress: Callable[[str, float], None] | None = None,
-) -> dict[str, tuple[np.ndarray, float]]:
+) -> dict[str, StrategyRisk]:
     """Train the pipeline's models on ``history`` and return every strategy's per-window
-    risks on its test split with the threshold each is run at: rules at 0.5 (its score is
-    0 or 1), GBT and LSTM at their validation-tuned thresholds (best event F1) and, as
-    ``<model>@cost``, at the decision rule's break-even risk (T from the validation
-    split's failure rate: known before the test period), random at the LSTM's alert rate
-    (population-weighted), the oracle at 0.5. The pipeline's public API is used as it
-    stands; this is the only place that knows it."""
+    risks on its test split with the threshold and horizon each is run at. Each model runs
+    at the horizon the pipeline chose for it on validation by cost (its risk is P(fail
+    within that horizon), the monitor's too): rules at 0.5 (its score is 0 or 1), GBT and
+    LSTM at their validation-tuned thresholds (best event F1, tuned at that horizon) and,
+    as ``<model>@cost``, at the decision rule's break-even risk for that horizon (T from
+    the validation split's failure rate: known before the test period); random at the
+    LSTM's alert rate (population-weighted) and horizon; the oracle at 0.5 within the
+    champion's horizon. The pipeline's public API is used as it stands; this is the only
+    place that knows it."""
     from gpuflow.tasks.health.baselines import RuleModel, oracle_scores, random_scores
     from gpuflow.tasks.health.evaluate import random_threshold_for
     from gpuflow.tasks.health.pipeline import score_split, train_and_evaluate
@@ -262,17 +297,28 @@ def trained_risks(
     )
     test, val = history.splits["test"], history.splits["val"]
     every = costs.checkpoint_every_s(len(val.fail_s) / val.device_days)
-    at_cost = break_even_risk(costs, every, history.config.horizon_s)
-    out = {"rules": (score_split(RuleModel(test.window), test), 0.5)}
+    horizon = model_horizons(outcome, history.config.horizon_s)
+    rules = RuleModel(test.window)
+    out = {"rules": StrategyRisk(score_split(rules, test), 0.5, horizon["rules"])}
     for name, model in (("gbt", outcome.gbt), ("lstm", outcome.lstm)):
-        r = score_split(model, test)
-        out[name] = (r, float(outcome.thresholds[name]))
-        out[f"{name}@cost"] = (r, at_cost)
-    lstm, t = out["lstm"]
-    rate = float(np.average(lstm >= t, weights=test.weight))
-    out["random"] = (
+        h = horizon[name]
+        r = score_split(model, test)  # at its chosen horizon (the pipeline set it)
+        out[name] = StrategyRisk(r, float(outcome.thresholds[name]), h)
+        out[f"{name}@cost"] = StrategyRisk(r, break_even_risk(costs, every, h), h)
+    lstm = out["lstm"]
+    rate = float(np.average(lstm.risks >= lstm.threshold, weights=test.weight))
+    out["random"] = StrategyRisk(
         random_scores(test.n_windows, seed=history.config.seed),
         random_threshold_for(rate),
+        lstm.horizon_s,
     )
-    out["oracle"] = (oracle_scores(test, history.config.horizon_s), 0.5)
+    h = horizon.get(outcome.champion, lstm.horizon_s)
+    out["oracle"] = StrategyRisk(oracle_scores(test, h), 0.5, h)
     return out
+
+
+def model_horizons(outcome: Any, default_s: float) -> dict[str, float]:
+    """Each model's horizon as the pipeline chose it on validation (``outcome.horizons``);
+    ``default_s`` for a model it chose none for."""
+    chosen = getattr(outcome, "horizons", None) or {}
+    return {name: float(chosen.get(name, default_s)) for name in ("rules", "gbt", "lstm")}

@@ -3,6 +3,8 @@ split drive the costs (tasks.remediation.alarm_stream)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from gpuflow.tasks.health.features import N_FEATURES
@@ -10,8 +12,12 @@ from gpuflow.tasks.health.history import HistoryConfig, SplitData
 from gpuflow.tasks.health.history_splits import split_of_nodes
 from gpuflow.tasks.remediation.alarm_stream import (
     SeedStreams,
+    StrategyRisk,
     alarm_stream,
+    break_even_risk,
     device_rows,
+    model_horizons,
+    seed_streams,
     split_devices,
     study,
 )
@@ -113,3 +119,45 @@ def test_bad_input_and_split_devices() -> None:
     devices = split_devices(cfg)
     assert len(devices) == len(test_nodes) * cfg.gpus_per_node
     assert set(devices // cfg.gpus_per_node) == set(test_nodes.tolist())
+
+
+def test_each_stream_counts_detections_at_its_own_horizon() -> None:
+    """A model's risk is P(fail within its chosen horizon): an alarm 3000 s before the
+    failure detects it at a 1 h horizon, and is a false alarm with a miss at 30 min (the
+    history's label horizon, which the study used to apply to every model)."""
+    split = tiny_split()
+    early = np.zeros(split.n_windows)
+    early[0] = 1.0  # FAIL_AT - 3000 s
+    history = SimpleNamespace(splits={"test": split}, config=HistoryConfig.small(nodes=10))
+    seed = seed_streams(
+        history,  # type: ignore[arg-type]
+        {
+            "at_1h": StrategyRisk(early, 0.5, 3600.0),
+            "at_30min": StrategyRisk(early, 0.5, HORIZON),
+        },
+    )
+    assert seed.horizons_s == {"at_1h": 3600.0, "at_30min": HORIZON}
+    one_h, half_h = seed.streams["at_1h"], seed.streams["at_30min"]
+    assert one_h is not None and one_h.detected.all() and one_h.true.all()
+    assert half_h is not None and not half_h.detected.any() and not half_h.true.any()
+    seed.devices = np.arange(8)
+    res = study([seed], COSTS, resamples=20)
+    assert res.table["at_1h"]["reduction"] == 1.0 and res.table["at_30min"]["reduction"] == 0.0
+    assert res.horizon_summary() == {"at_1h": "1h x1", "at_30min": "0.5h x1"}
+
+
+def test_models_run_at_the_pipelines_horizons() -> None:
+    """trained_risks takes each model's horizon from the pipeline's choice on validation
+    (the history's label horizon only for a model it chose none for), and its break-even
+    risk is the decision rule's for that horizon."""
+    outcome = SimpleNamespace(horizons={"rules": 3600.0, "gbt": 86_400.0, "lstm": 21_600.0})
+    assert model_horizons(outcome, HORIZON) == {
+        "rules": 3600.0,
+        "gbt": 86_400.0,
+        "lstm": 21_600.0,
+    }
+    assert model_horizons(SimpleNamespace(), HORIZON) == dict.fromkeys(
+        ("rules", "gbt", "lstm"), HORIZON
+    )
+    every = COSTS.checkpoint_every_s(1 / 400.0)
+    assert break_even_risk(COSTS, every, 86_400.0) != break_even_risk(COSTS, every, HORIZON)
