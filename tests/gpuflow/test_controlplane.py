@@ -325,6 +325,32 @@ def test_the_tour_ran_quietly_and_up_shows_its_runs(plane: dict) -> None:
 
 
 @pytest.mark.timeout(300)
+def _tour_health_line(tour: str) -> str:
+    """The tour's predicted-fault panel from "health model:" to "top features:", panel
+    borders and line wraps removed."""
+    flat = " ".join(line.strip(" │|") for line in tour.splitlines())
+    found = re.search(r"health model: (.*?)top features:", flat)
+    assert found, tour[-4000:]
+    return " ".join(found.group(1).split())
+
+
+def test_the_tours_fault_says_what_decided(plane: dict) -> None:
+    """The tour's predicted fault names the model that decided, its risk and the rule."""
+    line = _tour_health_line(plane["tour"])
+    assert re.search(r"risk: [0-9.]+", line), line
+    assert re.search(r"decision: \w+ \((drain level|cost rule|device \w+)", line), line
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 15, Done-when 3: the tour trains or loads no champion of its own; in a "
+    "fresh GPUFLOW_HOME nothing is registered and the threshold rules decide",
+)
+def test_the_tours_fault_is_decided_by_a_learned_model(plane: dict) -> None:
+    line = _tour_health_line(plane["tour"])
+    assert "champion by cost" in line and re.search(r"\b(lstm|gbt)\b", line, re.I), line
+
+
 def test_down_stops_everything_up_started(plane: dict) -> None:
     pgids = {s["pid"] for s in plane["state"]["services"]}
     assert len(pgids) == 4  # Prefect server, MLflow server, one worker, telemetry exporter
