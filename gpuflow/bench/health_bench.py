@@ -255,7 +255,7 @@ class Plan:
     def of(cls, quick: bool) -> Plan:
         if quick:  # a smoke run: small fleets, few seeds, wide intervals
             return cls({"nodes": 48, "days": 60.0}, (1, 2), (1,), QUICK_NOISE, 300, 50)
-        return cls({}, (1, 2, 3, 4), (1, 2), tuple(n for n, *_ in NOISE_SETTINGS), 1000, 150)
+        return cls({}, (1, 2, 3), (1, 2), tuple(n for n, *_ in NOISE_SETTINGS), 1000, 150)
 
 
 def run_uncertainty(
