@@ -6,8 +6,18 @@
    well under the 5 s sampling interval; reported as ``interval_s / round_s`` (how many
    rounds fit in one interval), median of several rounds, for a round inside a bucket and
    one that closes a bucket. Sampling the devices is the backend's cost, not included.
-2. Figures: the default training run (quick: the small fleet) trained and evaluated on
-   the test split against the baselines, recorded in MLflow (experiment gpuflow-health).
+2. Figures with 95 % CIs (tasks.health.uncertainty): rules, GBT, LSTM, random and oracle
+   trained on several twin histories (one per seed) and evaluated on their test splits:
+   per-class recall, precision, false alarms and net GPU-h saved per 1,000 device-days,
+   Brier and ECE, bootstrap over seeds and devices, "n=7 <20" where a figure rests on
+   fewer than 20 events.
+3. Noise sweep: the same over the precursor-noise knobs (silent HBM failures, benign
+   pending remaps), quiet -> very noisy, each learned model's net saved minus the rules'
+   with a paired interval, and the crossover computed from them.
+Quick: 48-node x 60-day fleets, 2 seeds, 3 sweep settings of 1 seed (a smoke run, about
+1.5 min); full: 96 x 120 days, 3 seeds, 4 settings x 2 seeds. Recorded in MLflow
+(experiment gpuflow-health, run bench-health: the first seed's models and plots, every
+CI figure as a metric, the whole result as evaluation/health_ci.json).
 """
 
 from __future__ import annotations
