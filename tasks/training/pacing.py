@@ -22,12 +22,10 @@ speedup of a reduced precision shows as it is (each dtype's steps are padded to 
 reference), not padded away to one common time. A step whose host time exceeds the
 device's is not padded: it takes what it took.
 
-The reference is held once a key has ``hold_after`` steps (256: ~3 s of llama-tiny): the
-work at f_max does not change within a job, and a reference that keeps moving moves the
-step time with it while a controller or the in-training tuner probes power limits seconds
-apart (bench energy, 2026-12-04: a 200 W probe measured 2.5 % *faster* than 300 W as the
-running quantile drifted, and the job then ran 11.7 % slower). Held, a probe measures the
-device's T(f)/T(f_max) itself, as on a GPU. ``hold_after=None`` keeps it running.
+Why the reference keeps running rather than being held once settled (tried 2026-12-04: held
+after a key's first 256 steps): a process whose first seconds fall in a loaded moment holds
+a high reference for its whole job, and the side-by-side arms then differ by up to 15 % at
+the same slowdown the twin gives 3 % (docs/energy.md); the running quantile lets it go.
 """
 
 from __future__ import annotations
@@ -38,52 +36,23 @@ from collections import deque
 PAD = 2.0  # reference = PAD x the QUANTILE of host busy (see the module's docstring)
 QUANTILE = 0.1
 WINDOW = 2047  # steps per key in the running quantile
-HOLD_AFTER = 256  # steps per key after which its reference is held
 
 
 class StepPacer:
     """Running per-key quantiles of the host's busy time, and the step time they imply."""
 
-    def __init__(
-        self,
-        pad: float = PAD,
-        window: int = WINDOW,
-        quantile: float = QUANTILE,
-        hold_after: int | None = HOLD_AFTER,
-    ) -> None:
+    def __init__(self, pad: float = PAD, window: int = WINDOW, quantile: float = QUANTILE) -> None:
         if not pad >= 1.0 or window < 1 or not 0.0 <= quantile <= 1.0:
             raise ValueError(
                 f"pad must be >= 1, window >= 1 and quantile in [0, 1], got {pad!r}, "
                 f"{window!r}, {quantile!r}"
             )
-        if hold_after is not None and hold_after < 1:
-            raise ValueError(f"hold_after must be >= 1 or None, got {hold_after!r}")
         self.pad, self.window, self.quantile = pad, window, quantile
-        self.hold_after = hold_after
         self._recent: dict[str, deque[float]] = {}
         self._sorted: dict[str, list[float]] = {}
-        self._seen: dict[str, int] = {}
-        self._held: dict[str, float] = {}  # key -> its held level
 
     def observe(self, busy_s: float, key: str = "") -> None:
-        """Add one step's host busy time under ``key`` (its level is held after
-        ``hold_after`` steps)."""
-        if key in self._held:
-            return
-        self._seen[key] = self._seen.get(key, 0) + 1
-        self._observe(busy_s, key)
-        if self.hold_after is not None and self._seen[key] >= self.hold_after:
-            level = self.level_s(key)
-            assert level is not None  # observed just now
-            self._held[key] = level
-            self._recent.pop(key, None)
-            self._sorted.pop(key, None)
-
-    def held(self, key: str = "") -> bool:
-        """Whether ``key``'s reference is held."""
-        return key in self._held
-
-    def _observe(self, busy_s: float, key: str) -> None:
+        """Add one step's host busy time under ``key``."""
         recent = self._recent.setdefault(key, deque())
         ordered = self._sorted.setdefault(key, [])
         recent.append(busy_s)
@@ -93,10 +62,7 @@ class StepPacer:
             del ordered[bisect.bisect_left(ordered, old)]
 
     def level_s(self, key: str = "") -> float | None:
-        """The running quantile of ``key``'s host busy time (held once ``hold_after`` steps
-        are in); None before its first step."""
-        if key in self._held:
-            return self._held[key]
+        """The running quantile of ``key``'s host busy time; None before its first step."""
         ordered = self._sorted.get(key)
         if not ordered:
             return None

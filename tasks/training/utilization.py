@@ -8,9 +8,9 @@ figure is a share of time over a 1/6-1 s window, so faster polling only adds noi
 Pacing: on the twin a device's clock (power limit, locked clocks, heat) sets how long the
 work takes, which a CPU cannot show by itself; ``pace`` sleeps inside the step's busy window
 until the step has taken the device's time, max(host busy, reference x T(f)/T(f_max))
-(tasks.training.pacing: the reference is a padded low quantile of the host's busy time,
-per precision, held after the key's first 256 steps), so a power limit that slows a real GPU
-slows the job on the twin too and the host's jitter does not swamp it. Real devices (Backend.device_time_ratio None) are not
+(tasks.training.pacing: the reference is a padded low running quantile of the host's busy
+time, per precision), so a power limit that slows a real GPU slows the job on the twin too and the
+host's jitter does not swamp it. Real devices (Backend.device_time_ratio None) are not
 paced: their steps are already real; a backend that models only Backend.device_delay_s gets
 that delay. The ratio is read at most once per ``PACE_REFRESH_S`` (a twin call costs
 ~1.5 ms), and at once after ``refresh_pace`` (a setting just changed).
