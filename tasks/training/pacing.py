@@ -24,8 +24,8 @@ device's is not padded: it takes what it took.
 
 Why the reference keeps running rather than being held once settled (tried 2026-12-04: held
 after a key's first 256 steps): a process whose first seconds fall in a loaded moment holds
-a high reference for its whole job, and the side-by-side arms then differ by up to 15 % at
-the same slowdown the twin gives 3 % (docs/energy.md); the running quantile lets it go.
+a high reference for its whole job: side by side, jobs at 250 W ran 13-15 % slower than
+their neighbour at 300 W where the twin gives 3 % (docs/energy.md); a running one recovers.
 """
 
 from __future__ import annotations
