@@ -338,7 +338,7 @@ def test_the_tours_fault_says_what_decided(plane: dict) -> None:
     """The tour's predicted fault names the model that decided, its risk and the rule."""
     line = _tour_health_line(plane["tour"])
     assert re.search(r"risk: [0-9.]+", line), line
-    assert re.search(r"decision: \w+ \((drain level|cost rule|device \w+)", line), line
+    assert re.search(r"decision: [\w-]+ \((drain level|cost rule|device \w+)", line), line
 
 
 @pytest.mark.xfail(
