@@ -324,7 +324,6 @@ def test_the_tour_ran_quietly_and_up_shows_its_runs(plane: dict) -> None:
     assert "speedup" in body and "convergence_delta" in body
 
 
-@pytest.mark.timeout(300)
 def _tour_health_line(tour: str) -> str:
     """The tour's predicted-fault panel from "health model:" to "top features:", panel
     borders and line wraps removed."""
@@ -351,6 +350,7 @@ def test_the_tours_fault_is_decided_by_a_learned_model(plane: dict) -> None:
     assert "champion by cost" in line and re.search(r"\b(lstm|gbt)\b", line, re.I), line
 
 
+@pytest.mark.timeout(300)
 def test_down_stops_everything_up_started(plane: dict) -> None:
     pgids = {s["pid"] for s in plane["state"]["services"]}
     assert len(pgids) == 4  # Prefect server, MLflow server, one worker, telemetry exporter
