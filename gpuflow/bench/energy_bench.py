@@ -22,6 +22,7 @@ by side in one run.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -110,8 +111,12 @@ class _Child:
         import tempfile
 
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-energy-", suffix=".log")  # noqa: SIM115
+        from gpuflow.tasks.training.pacing import PAD, PAD_ENV
+
         self.proc = subprocess.Popen(  # noqa: S603 - argv list built here, no shell
             [sys.executable, "-c", code, *args],
+            # Every step padded (tasks.training.pacing), so a limit's few per cent show.
+            env={**os.environ, PAD_ENV: str(PAD)},
             stdout=self.log,
             stderr=subprocess.STDOUT,
             text=True,

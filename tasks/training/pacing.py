@@ -31,9 +31,32 @@ their neighbour at 300 W where the twin gives 3 % (docs/energy.md); a running on
 from __future__ import annotations
 
 import bisect
+import os
 from collections import deque
 
 PAD = 2.0  # reference = PAD x the QUANTILE of host busy (see the module's docstring)
+# What a twin job's steps are padded by, unless its caller says: 1 by default, where only the
+# steps faster than the running quantile wait (x T(f)/T(f_max)), so a job at full clock runs
+# at the host's speed. PAD doubles every twin job's time (the suite took 1.5x as long): it
+# is for what measures a power limit's few per cent side by side (`gpuflow bench energy`
+# sets it; a DVFS deployment on the twin can, through this variable in its environment).
+PAD_ENV = "GPUFLOW_TWIN_STEP_PAD"
+
+
+def step_pad() -> float:
+    """The twin's step padding from ``GPUFLOW_TWIN_STEP_PAD`` (default 1: no padding)."""
+    raw = os.environ.get(PAD_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        pad = float(raw)
+    except ValueError:
+        pad = float("nan")
+    if not pad >= 1.0:
+        raise ValueError(f"{PAD_ENV} must be a number >= 1, got {raw!r}")
+    return pad
+
+
 QUANTILE = 0.1
 WINDOW = 2047  # steps per key in the running quantile
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from gpuflow.hardware.backend import Backend
-from gpuflow.tasks.training.pacing import PAD, StepPacer
+from gpuflow.tasks.training.pacing import StepPacer, step_pad
 
 PACE_REFRESH_S = 0.25
 
@@ -61,13 +61,13 @@ class DeviceUtilization:
         partition_uuid: str | None = None,
         memory_mb: int = 0,
         min_interval_s: float = 0.5,
-        pad: float = PAD,
+        pad: float | None = None,
     ) -> None:
         self.backend, self.node, self.index = backend, node, index
         self.owner, self.partition_uuid, self.memory_mb = owner, partition_uuid, memory_mb
         self._share = BusyShare(min_interval_s)
         self.last_ratio: float | None = None
-        self.pacer = StepPacer(pad)
+        self.pacer = StepPacer(step_pad() if pad is None else pad)
         self._time_ratio: float | None = None  # device_time_ratio, cached
         self._delay_per_busy_s = 0.0  # device_delay_s(busy_s=1), where there is no ratio
         self._read_at: float | None = None

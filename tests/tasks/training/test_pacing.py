@@ -137,3 +137,16 @@ def test_the_twin_paces_a_step_to_its_clock(slept: _Slept) -> None:
     slept.clear()
     assert probe.pace(0.010, "fp32") == pytest.approx(0.015 * ratio - 0.010)
     assert twin.device_delay_s(node, index, "job", 2.0) == pytest.approx(2.0 * (ratio - 1))
+
+
+def test_the_twins_step_padding_comes_from_the_environment(monkeypatch) -> None:
+    from gpuflow.tasks.training.pacing import PAD_ENV, step_pad
+
+    monkeypatch.delenv(PAD_ENV, raising=False)
+    assert step_pad() == 1.0  # a twin job at full clock runs at the host's speed
+    monkeypatch.setenv(PAD_ENV, "2")
+    assert step_pad() == 2.0
+    for bad in ("0.5", "two", "nan"):
+        monkeypatch.setenv(PAD_ENV, bad)
+        with pytest.raises(ValueError, match=PAD_ENV):
+            step_pad()
