@@ -17,7 +17,11 @@ the power-capping loop need seconds to say anything). Each tick:
        new job ─ probe: apply the search's next setting ─ settle one interval
                  ─ measure one interval (the highest setting, the reference:
                    ``reference_intervals`` of them, whose spread is the noise that guards
-                   every comparison) ─ tell the search ─ (next probe | choice)
+                   every comparison) ─ tell the search ─ (next probe | closing)
+       closing ─ the highest setting again, settle, measure one interval (A-B-A: the
+                 job's pace may have moved while the probes ran, a warm-up say; the faster
+                 of the two references judges the bound, optimizer.tell_closing_reference)
+                 ─ choice
        choice ─ apply it ─ settle ─ watch: measure every interval at the chosen setting
        watch ─ drifted beyond ``hysteresis`` (or three standard deviations of the
              measured noise, if larger) for ``drift_intervals`` intervals in a row
@@ -95,6 +99,7 @@ class _Device:
     choice: Choice | None = None
     drift: int = 0
     reference: list[Measurement] = field(default_factory=list)  # the highest setting's windows
+    closing: bool = False  # measuring the highest setting again after the last probe
 
 
 def _check_number(value: object, what: str, lo: float, *, integer: bool = False) -> float:
@@ -276,6 +281,10 @@ class DvfsController:
             return  # the window stays open: the next tick measures a longer one
         if dev.phase == "measure":
             self._event(report, slot, job_id, "measured", _describe(m), dev.setting_w)
+            if dev.closing:
+                dev.search.tell_closing_reference(m)
+                self._choose(slot, dev, reading, report)
+                return
             if dev.search.probes:
                 dev.search.tell(m)
             else:  # the reference: several intervals at once, for its noise too
@@ -288,6 +297,12 @@ class DvfsController:
             if nxt is not None:
                 self._apply(slot, dev, nxt, "settle", reading)
                 self._event(report, slot, job_id, "probe", "next probe", nxt)
+                return
+            if len(dev.search.probes) > 1:  # A-B-A: the highest setting once more
+                dev.closing = True
+                top = dev.search.grid[-1]
+                self._apply(slot, dev, top, "settle", reading)
+                self._event(report, slot, job_id, "probe", "closing reference", top)
                 return
             self._choose(slot, dev, reading, report)
             return
@@ -320,7 +335,7 @@ class DvfsController:
         choice = dev.search.choice()
         dev.choice, dev.drift = choice, 0
         dev.totals.setting_w = choice.chosen.setting
-        settled = choice.chosen.setting == dev.setting_w  # the last probe was the choice
+        settled = choice.chosen.setting == dev.setting_w  # measured last: no new settle
         self._apply(
             slot, dev, choice.chosen.setting, "watch" if settled else "watch-settle", reading
         )

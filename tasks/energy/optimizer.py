@@ -117,6 +117,9 @@ class Choice:
     probes: list[Measurement] = field(default_factory=list)  # in the order measured
     exponent: float = PRIOR_EXPONENT
     noise: float = 0.0  # one window's relative spread at the reference (window_noise)
+    # The highest setting measured again after the last probe, if it was (A-B-A): the
+    # reference above is then the faster of the two (SettingSearch.reference).
+    closing: Measurement | None = None
 
     @property
     def energy_saving(self) -> float:
@@ -150,6 +153,7 @@ class Choice:
             "probes": [asdict(p) for p in self.probes],
             "exponent": self.exponent,
             "noise": self.noise,
+            "closing_reference": None if self.closing is None else asdict(self.closing),
             "energy_saving": self.energy_saving,
             "slowdown": self.slowdown,
         }
@@ -184,6 +188,7 @@ class SettingSearch:
             raise ValueError(f"max_probes must be >= 1, got {max_probes!r}")
         self.probes: list[Measurement] = []
         self.noise = 0.0  # set by tell_reference
+        self.closing: Measurement | None = None  # set by tell_closing_reference
 
     # -- ask / tell ---------------------------------------------------------------------
 
@@ -212,10 +217,35 @@ class SettingSearch:
         self.tell(pooled(windows))
         self.noise = window_noise(windows)
 
-    def choice(self) -> Choice:
+    def tell_closing_reference(self, m: Measurement) -> None:
+        """The highest setting measured once more after the last probe (an A-B-A design).
+
+        A workload's pace can move while the probes run - a job still warming up, a host's
+        load, a device heating - and a probe then reads against a reference from another
+        time: on the twin a job whose reference windows fell in its warm-up read 200 W as
+        within 10 % and ran 11.7 % slower (docs/energy.md). From here on the reference is
+        the faster of the two (``reference``), so a drift either way can only make the
+        bound stricter and the saving smaller, never the other way."""
+        if not self.probes:
+            raise ValueError("measure the reference first")
+        if m.setting != self.grid[-1]:
+            raise ValueError(f"the closing reference is the highest setting {self.grid[-1]:g}")
+        if self.closing is not None:
+            raise ValueError("the closing reference was measured already")
+        self.closing = m
+
+    def reference(self) -> Measurement:
+        """The reference every choice is judged by: the highest setting's measurement, or
+        its closing one if that ran faster (tell_closing_reference)."""
         if not self.probes:
             raise ValueError("nothing measured yet")
-        ref = self.probes[0]
+        opening = self.probes[0]
+        if self.closing is not None and self.closing.time_s < opening.time_s:
+            return self.closing
+        return opening
+
+    def choice(self) -> Choice:
+        ref = self.reference()
         if self.objective.slowdown is not None:
             chosen = min(self._within_bound(), key=lambda p: (p.energy_j, -p.setting))
         else:
@@ -228,6 +258,7 @@ class SettingSearch:
             list(self.probes),
             self.exponent(),
             self.noise,
+            self.closing,
         )
 
     def bound_ratio(self) -> float:
@@ -239,7 +270,7 @@ class SettingSearch:
     def _within_bound(self) -> list[Measurement]:
         """The reference (always: it is the bound's own point) and every probe that keeps
         the guarded bound."""
-        ref = self.probes[0]
+        ref = self.reference()
         bound = self.bound_ratio() * ref.time_s
         return [ref] + [p for p in self.probes[1:] if p.time_s <= bound]
 

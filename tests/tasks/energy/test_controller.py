@@ -99,6 +99,32 @@ def test_it_probes_fewer_settings_than_exist_and_keeps_the_slowdown_bound(
     )
 
 
+def test_a_reference_read_during_warm_up_does_not_let_a_too_slow_limit_through(
+    twin: SimBackend, inv: Inventory
+) -> None:
+    # The job runs 5 % slower while the reference is measured (its warm-up), then at its
+    # pace: against the slow reference 300 W, 11 % slower than 400 W at the job's real
+    # pace, reads within 10 % and was chosen. The highest setting measured again after the
+    # last probe gives it away.
+    job = TwinJob(twin, inv, "job-1", N, 0)
+    ctl = controller(twin, inv)
+    ctl.tick()
+    warm = [interval(ctl, job, slow=1.05) for _ in range(4)]  # settle + 3 reference windows
+    assert [a for r in warm for a in r.actions(N, 0)][-2:] == ["measured", "probe"]
+    reports = until_decided(ctl, job)
+    actions = [a for r in reports for a in r.actions(N, 0)]
+    closing = [e for r in reports for e in r.of(N, 0) if e.detail == "closing reference"]
+    assert len(closing) == 1 and closing[0].setting_w == 400.0
+    assert actions[-3:] == ["measuring", "measured", "chosen"]
+    [decision] = reports[-1].decisions
+    choice = decision.choice
+    assert choice.closing is not None and choice.reference is choice.closing
+    assert choice.closing.time_s < choice.probes[0].time_s / 1.04  # the warm-up, seen
+    # The bound holds at the job's real pace, not just against the warm-up's.
+    assert job.step_s() <= 1.10 * job.base_step_s * 1.01
+    assert choice.chosen.time_s <= 1.10 * choice.closing.time_s
+
+
 def test_a_pinned_device_and_one_without_progress_are_left_alone(
     twin: SimBackend, inv: Inventory
 ) -> None:

@@ -185,3 +185,35 @@ def test_drift_is_judged_against_the_noise_measured() -> None:
     assert not c.drifted(Measurement(250.0, c.chosen.time_s * 1.3, c.chosen.energy_j * 1.3))
     assert c.drifted(Measurement(250.0, c.chosen.time_s * 1.6, c.chosen.energy_j * 1.6))
     assert window_noise(_noisy_reference(0.0)[:1]) == 0.0  # one window: nothing to tell
+
+
+def test_a_faster_closing_reference_makes_the_bound_stricter_and_a_slower_one_does_not() -> None:
+    # The reference read 5 % slow (a warm-up); 175 W is 8 % slower than the real pace.
+    times = {250.0: 10.5, 200.0: 10.4, 175.0: 10.8}
+
+    def searched(closing_s: float | None) -> SettingSearch:
+        s = SettingSearch(LIMITS, Objective(slowdown=0.05), max_probes=3)
+        for p in (250.0, 175.0, 200.0):
+            s.tell(Measurement(p, times[p], times[p] * min(p, 240.0)))
+        if closing_s is not None:
+            s.tell_closing_reference(Measurement(250.0, closing_s, closing_s * 240.0))
+        return s
+
+    assert searched(None).choice().chosen.setting == 175.0  # within 5 % of 10.5
+    faster = searched(10.0).choice()
+    assert faster.reference == faster.closing and faster.chosen.setting == 200.0
+    assert faster.slowdown == pytest.approx(0.04)
+    slower = searched(11.0).choice()  # the opening reference stays the stricter one
+    assert slower.reference.time_s == 10.5 and slower.chosen.setting == 175.0
+
+
+def test_the_closing_reference_is_the_highest_setting_once_after_the_reference() -> None:
+    s = SettingSearch(LIMITS)
+    with pytest.raises(ValueError, match="measure the reference first"):
+        s.tell_closing_reference(Measurement(250.0, 1.0, 200.0))
+    s.tell(Measurement(250.0, 1.0, 200.0))
+    with pytest.raises(ValueError, match="the highest setting 250"):
+        s.tell_closing_reference(Measurement(200.0, 1.0, 200.0))
+    s.tell_closing_reference(Measurement(250.0, 1.0, 200.0))
+    with pytest.raises(ValueError, match="measured already"):
+        s.tell_closing_reference(Measurement(250.0, 1.0, 200.0))
