@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import runpy
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gpuflow.tasks.edge.serving.client import OipClient
 from gpuflow.tasks.edge.serving.process import ShardStartError, server_argv, start_shard_process
-from gpuflow.tasks.edge.serving.server import EXIT_INTEGRITY_ERROR, EXIT_STARTUP_ERROR
+from gpuflow.tasks.edge.serving.server import (
+    EXIT_INTEGRITY_ERROR,
+    EXIT_STARTUP_ERROR,
+    GRPC_EXPERIMENTS,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +63,20 @@ def test_missing_manifest_is_a_startup_error(tmp_path: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == EXIT_STARTUP_ERROR
     assert "no manifest.json" in done.stderr
+
+
+@pytest.mark.parametrize("preset", [None, "-some_experiment"])
+def test_server_process_sets_grpc_experiments_unless_the_operator_did(
+    monkeypatch: pytest.MonkeyPatch, preset: str | None
+) -> None:
+    # Set (then deleted) first, so monkeypatch restores the variable as it was.
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "restored-after-the-test")
+    if preset is None:
+        monkeypatch.delenv("GRPC_EXPERIMENTS")
+    else:
+        monkeypatch.setenv("GRPC_EXPERIMENTS", preset)
+    monkeypatch.setattr(sys, "argv", ["server", "--help"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit):
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+        runpy.run_module("gpuflow.tasks.edge.serving.server", run_name="__main__")
+    assert os.environ["GRPC_EXPERIMENTS"] == (preset or GRPC_EXPERIMENTS)
