@@ -19,6 +19,7 @@ from gpuflow.tasks.cluster import load_cluster
 from gpuflow.tasks.energy.controller import (
     DEFAULT_DRIFT_INTERVALS,
     DEFAULT_HYSTERESIS,
+    DEFAULT_WARMUP_S,
     MIN_INTERVAL_S,
     TickReport,
     check_interval_s,
@@ -50,10 +51,12 @@ def dvfs_controller(
     hysteresis: float = DEFAULT_HYSTERESIS,
     drift_intervals: int = DEFAULT_DRIFT_INTERVALS,
     node: str | None = None,
+    warmup_s: float = DEFAULT_WARMUP_S,
 ) -> dict[str, Any]:
     """Control power limits for ``duration_s`` seconds, sampling every ``interval_s``
     (>= 5). ``eta`` (Zeus's cost) replaces the ``slowdown`` bound when given. ``node``:
-    that node only (a host's own controller)."""
+    that node only (a host's own controller). ``warmup_s``: how long a new job runs at the
+    highest setting before the search measures it."""
     logger = get_run_logger()
     interval = check_interval_s(interval_s)
     objective = Objective(slowdown=None, eta=eta) if eta is not None else Objective(slowdown)
@@ -77,6 +80,7 @@ def dvfs_controller(
             holder=holder,
             hysteresis=hysteresis,
             drift_intervals=drift_intervals,
+            warmup_s=warmup_s,
             on_tick=on_tick,
         )
     finally:
@@ -89,6 +93,7 @@ def dvfs_controller(
         "duration_s": duration_s,
         "hysteresis": hysteresis,
         "drift_intervals": drift_intervals,
+        "warmup_s": warmup_s,
         "node": node,
         "backend": backend.name,
     }

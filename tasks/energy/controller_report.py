@@ -15,7 +15,7 @@ Action = Literal[
     "chosen",  # the search ended: the choice applied
     "watch",  # re-measured at the chosen setting
     "redecide",  # a new search starts (drift held for N intervals)
-    "waiting",  # no progress in the window yet: it stays open
+    "waiting",  # a new job warming up, or no progress in the window yet (it stays open)
     "restored",  # the device put back (its job ended or changed, or the stop)
     "pinned",  # another holder's settings are on it: left alone
     "skipped",  # not controlled (shared by several jobs, no progress published)

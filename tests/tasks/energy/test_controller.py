@@ -37,7 +37,9 @@ def inv(tmp_path: Path, twin: SimBackend) -> Iterator[Inventory]:
 
 
 def controller(twin: SimBackend, inv: Inventory, **kw: object) -> DvfsController:
+    """A controller on the twin; no warm-up unless asked (its own test has one)."""
     settings = DeviceSettings(twin, inv, HOLDER, ttl_s=kw.pop("ttl_s", 60.0))  # type: ignore[arg-type]
+    kw.setdefault("warmup_s", 0.0)
     return DvfsController(
         twin,
         inv,
@@ -125,6 +127,29 @@ def test_a_reference_read_during_warm_up_does_not_let_a_too_slow_limit_through(
     assert choice.chosen.time_s <= 1.10 * choice.closing.time_s
 
 
+def test_a_new_job_warms_up_at_the_highest_setting_before_it_is_measured(
+    twin: SimBackend, inv: Inventory
+) -> None:
+    job = TwinJob(twin, inv, "job-1", N, 0)
+    ctl = controller(twin, inv, warmup_s=12.0)
+    assert ctl.tick().actions(N, 0) == ["probe"] and limit_w(twin) == 400.0
+    # Job time 5 s and 10 s: warming up, nothing measured, the limit untouched.
+    for left in ("7", "2"):
+        report = interval(ctl, job)
+        assert [(e.action, e.detail) for e in report.of(N, 0)] == [
+            ("waiting", f"warm-up, {left} s left")
+        ]
+    assert interval(ctl, job).actions(N, 0) == ["measuring"]  # 15 s: the window opens
+    # A search after a drift does not wait again: the job is warm by then.
+    [decision] = until_decided(ctl, job)[-1].decisions
+    assert decision.reason == "new job" and limit_w(twin) == decision.choice.chosen.setting
+    interval(ctl, job)
+    job.base_step_s *= 1.4
+    actions = [a for _ in range(3) for a in interval(ctl, job).actions(N, 0)]
+    assert actions[-2:] == ["redecide", "probe"]
+    assert interval(ctl, job).actions(N, 0) == ["measuring"]
+
+
 def test_a_pinned_device_and_one_without_progress_are_left_alone(
     twin: SimBackend, inv: Inventory
 ) -> None:
@@ -201,6 +226,7 @@ def test_it_restores_when_the_job_ends_and_everything_on_stop(
         ({"ttl_s": 10.0}, "must outlast two sampling intervals"),
         ({"drift_intervals": 0}, "drift_intervals must be >= 1"),
         ({"hysteresis": -0.1}, "hysteresis must be >= 0"),
+        ({"warmup_s": -1.0}, "warmup_s must be >= 0"),
     ],
 )
 def test_bad_parameters_are_refused_before_anything_changes(
