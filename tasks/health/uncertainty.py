@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from gpuflow.tasks.health.calibration import BIN_EDGES
 from gpuflow.tasks.health.evaluate import CLASSES, AlarmEpisodes
-from gpuflow.tasks.remediation.downtime_sim import resample_totals
+from gpuflow.tasks.remediation.downtime_sim import percentile_interval, resample_totals
 
 MIN_EVENTS = 20
 LEVEL = 0.95
@@ -206,13 +206,9 @@ def event_counts(point: np.ndarray, cols: Sequence[str], model: str) -> dict[str
 
 
 def interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """Percentile interval of the finite values (NaN, NaN when none)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if not len(v):
-        return math.nan, math.nan
+    """Central ``level`` percentile interval of the finite values (NaN, NaN when none)."""
     q = 100 * (1 - level) / 2
-    return float(np.percentile(v, q)), float(np.percentile(v, 100 - q))
+    return percentile_interval(values, (q, 100 - q))
 
 
 @dataclass

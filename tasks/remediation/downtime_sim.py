@@ -140,19 +140,19 @@ def summarize(
         row: dict[str, float] = {}
         for fig, value in figs.items():
             row[fig] = float(value)
-            lo, hi = _interval(samples[name].get(fig), q)
+            lo, hi = percentile_interval(samples[name].get(fig), q)
             row[f"{fig}_lo"], row[f"{fig}_hi"] = float(lo), float(hi)
         if name != baseline:
             row["reduction"] = 1.0 - figs[key] / base_pt if base_pt > 0 else math.nan
             with np.errstate(divide="ignore", invalid="ignore"):
                 red = 1.0 - samples[name][key] / base_s
-            lo, hi = _interval(red, q)
+            lo, hi = percentile_interval(red, q)
             row["reduction_lo"], row["reduction_hi"] = float(lo), float(hi)
         table[name] = row
     return table
 
 
-def _interval(values: np.ndarray | None, q: tuple[float, float]) -> tuple[float, float]:
+def percentile_interval(values: np.ndarray | None, q: tuple[float, float]) -> tuple[float, float]:
     """Percentiles of the finite values (NaN when none: e.g. a recall with no failures)."""
     v = np.asarray(values if values is not None else [], dtype=float)
     v = v[np.isfinite(v)]
