@@ -23,3 +23,31 @@ def test_hop_bench_measures_both_transports_and_cleans_up() -> None:
         assert out[f"{label}_per_hop_ms"] == pytest.approx((latency - compute) / 2)
     assert isinstance(out["shm_meets_goal"], bool)
     assert set(shm.SHM_DIR.glob("gpuflow-*")) <= before  # every slot unlinked
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped)."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_chain_not_timed_is_stopped_while_the_other_is_timed_and_resumed_after() -> None:
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in "abc"]
+    try:
+        timed = SimpleNamespace(processes=procs[:1])
+        other = SimpleNamespace(processes=procs[1:])
+        chains = [timed, other]
+        with pytest.raises(RuntimeError, match="inside"):
+            with edge_hop_bench._others_stopped(chains, timed):  # type: ignore[arg-type]
+                assert [_state(p.pid) for p in procs[1:]] == ["T", "T"]
+                assert _state(procs[0].pid) != "T"
+                raise RuntimeError("inside")
+        # Resumed even though the block raised: nothing is left stopped.
+        assert all(_state(p.pid) != "T" for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
