@@ -9,7 +9,9 @@ k-1), and the per-hop overhead is
 
     (chain latency - sum of the shards' compute) / k
 
-Two transports, each in a chain of its own, both started before any is measured: ``raw``
+Every hop, the client's included, sends its request on an open ModelStreamInfer stream
+(serving/stream.py: no call set-up per request). Two transports, each in a chain of its
+own, both started before any is measured: ``raw``
 (the tensor in the gRPC message, as across hosts) and ``shm`` (Triton's system
 shared-memory extension: the message carries only a reference; serving/shm.py). Shard i is
 pinned to core i mod cores. Each round sends a block of requests to one chain, then a block
@@ -132,7 +134,14 @@ def _start_chain(label: str, dirs: list[Path], shared_memory: str, cores: list[i
             os.sched_setaffinity(proc.pid, {cores[i % len(cores)]})
             http.insert(0, proc.ready_line.split("http=")[1].split()[0])
             next_address, next_model = proc.address, proc.model_name
-        client = OipClient(processes[0].address, timeout_s=60.0, shared_memory=shared_memory)  # type: ignore[arg-type]
+        # The first hop on a stream too, as the shards send theirs (and as tritonclient's
+        # async_stream_infer does): what is timed is a hop of the chain, not a call set-up.
+        client = OipClient(
+            processes[0].address,
+            timeout_s=60.0,
+            shared_memory=shared_memory,  # type: ignore[arg-type]
+            streaming=True,
+        )
     except BaseException:
         for proc in processes:
             proc.stop()

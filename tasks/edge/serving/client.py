@@ -27,6 +27,7 @@ from gpuflow.tasks.edge.manifest import parse_hop
 from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
 from gpuflow.tasks.edge.serving.proto import oip as pb
 from gpuflow.tasks.edge.serving.shm import UNREGISTERED_REGION, SlotPool
+from gpuflow.tasks.edge.serving.stream import StreamBroken, StreamPool
 
 log = logging.getLogger(__name__)
 SharedMemoryMode = Literal["auto", "on", "off"]
@@ -121,7 +122,10 @@ def _tensors(items: Sequence[Any]) -> tuple[TensorMetadata, ...]:
 
 
 class OipClient:
-    """Blocking OIP client for one server; thread-safe (one channel, many calls in flight)."""
+    """Blocking OIP client for one server; thread-safe (one channel, many calls in flight).
+
+    ``streaming``: inference requests travel on persistent ModelStreamInfer streams where
+    one is free (stream.py; what a forwarding shard uses for its next hop)."""
 
     def __init__(
         self,
@@ -129,6 +133,7 @@ class OipClient:
         timeout_s: float = 30.0,
         max_message_mb: int = DEFAULT_MAX_MESSAGE_MB,
         shared_memory: SharedMemoryMode = "auto",
+        streaming: bool = False,
     ) -> None:
         host, _ = parse_hop(address)  # a clear error for a malformed "host:port" first
         if not timeout_s > 0:
@@ -144,6 +149,16 @@ class OipClient:
         self._try_shm = shared_memory == "on" or (shared_memory == "auto" and _loopback(host))
         self._slots: SlotPool | None = None
         self._shm_lock = threading.Lock()
+        # streaming: inference on a few open ModelStreamInfer streams (stream.py), unary
+        # where none is free or one broke. A stream's error is raised as ModelInfer's.
+        self._streams = (
+            StreamPool(
+                self.stub.ModelStreamInfer,
+                lambda code, details: OipError("ModelInfer", address, code, details),
+            )
+            if streaming
+            else None
+        )
 
     def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
@@ -180,6 +195,11 @@ class OipClient:
         self, request: pb.ModelInferRequest, timeout_s: float | None = None
     ) -> pb.ModelInferResponse:
         """Send a prepared ModelInferRequest and return the raw response message."""
+        if self._streams is not None:
+            try:
+                return self._streams.infer(request, timeout_s or self.timeout_s)
+            except StreamBroken as exc:
+                log.debug("%s: stream not usable (%s), sending unary", self.address, exc)
         return self._call("ModelInfer", request, timeout_s)
 
     def register_shared_memory(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
@@ -317,6 +337,8 @@ class OipClient:
             time.sleep(poll_s)
 
     def close(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
         with self._shm_lock:
             pool, self._slots, self._try_shm = self._slots, None, False
         if pool is not None:

@@ -9,10 +9,10 @@ it), and answers with the target's response or its status code and details. Prom
 rolling back a version rewrites the file; the endpoint sees the change at the next call
 (it compares the file's mtime and size on every call: a stat, no read) and moves to a
 persistent channel to the new head. An empty or missing file is UNAVAILABLE, saying so.
-A generic handler cannot tell a stream from a unary call, so the server-streaming methods a
-shard serves are named (``SERVER_STREAMING``: grpc.health.v1 Watch) and forwarded as
-streams: the target's messages pass through as they come until either side ends it; a
-Watch opened before a switch stays on the version it began with. One line ``READY
+A generic handler cannot tell a stream from a unary call, so the streaming methods a shard
+serves are named (``SERVER_STREAMING``: grpc.health.v1 Watch; ``BIDI_STREAMING``: Triton's
+ModelStreamInfer) and forwarded as streams: the messages pass through as they come until
+either side ends it; a stream opened before a switch stays on the version it began with. One line ``READY
 endpoint address=HOST:PORT`` on stdout once it serves; SIGTERM stops it.
 """
 
@@ -33,8 +33,9 @@ from gpuflow.tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, channel_op
 
 log = logging.getLogger(__name__)
 READY_PREFIX = "READY endpoint "
-# The server-streaming methods of a shard server (everything else it serves is unary).
+# The streaming methods of a shard server (everything else it serves is unary).
 SERVER_STREAMING = frozenset({"/grpc.health.v1.Health/Watch"})
+BIDI_STREAMING = frozenset({"/inference.GRPCInferenceService/ModelStreamInfer"})
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -127,7 +128,26 @@ class _Forward(grpc.GenericRpcHandler):
                 if context.is_active():
                     context.abort(exc.code(), exc.details() or f"from {address}")
 
+        def forward_bidi(
+            requests: Iterator[bytes], context: grpc.ServicerContext
+        ) -> Iterator[bytes]:
+            address, channel = self.target.channel()
+            if channel is None:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"no version of this deployment is current ({self.target.path} is empty)",
+                )
+            call = channel.stream_stream(method)(requests)  # gRPC reads ours as they come
+            context.add_callback(call.cancel)
+            try:
+                yield from call
+            except grpc.RpcError as exc:
+                if context.is_active():
+                    context.abort(exc.code(), exc.details() or f"from {address}")
+
         # No (de)serializers: the bytes go through as they came.
+        if method in BIDI_STREAMING:
+            return grpc.stream_stream_rpc_method_handler(forward_bidi)
         if method in SERVER_STREAMING:
             return grpc.unary_stream_rpc_method_handler(forward_stream)
         return grpc.unary_unary_rpc_method_handler(forward)

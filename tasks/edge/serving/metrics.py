@@ -23,6 +23,7 @@ import urllib.request
 from typing import Any
 
 import grpc
+from gpuflow.tasks.edge.serving.stream import parse_stream_error
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LABELS = ("model", "version")
@@ -148,6 +149,32 @@ class InstrumentedServicer:
         finally:
             pending.dec()
             self.metrics.observe(time.perf_counter() - started, batch_size(request), code)
+
+    def ModelStreamInfer(self, requests: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Each request of a stream counted as a ModelInfer is: pending while it is served,
+        its latency from taking it off the stream to answering it, its status code from
+        the answer's ``error_message``."""
+        pending = self.metrics.pending.labels(**self.metrics.labels)
+        taken: list[tuple[float, int]] = []  # the request being served (one at a time)
+
+        def counted() -> Any:
+            for request in requests:
+                pending.inc()
+                taken.append((time.perf_counter(), batch_size(request)))
+                yield request
+
+        try:
+            for response in self._inner.ModelStreamInfer(counted(), context):
+                started, batch = taken.pop()
+                pending.dec()
+                code = parse_stream_error(response.error_message)[0]
+                self.metrics.observe(
+                    time.perf_counter() - started, batch, code if response.error_message else None
+                )
+                yield response
+        finally:
+            for _ in taken:  # taken off the stream, never answered (the stream was cancelled)
+                pending.dec()
 
 
 def scrape_compute(http_address: str, timeout_s: float = 10.0) -> tuple[float, float]:

@@ -10,8 +10,8 @@ Once serving, one line ``READY model=<name> address=<host>:<port> ...`` goes to 
 (``--port 0`` picks a free port; the line says which). SIGTERM or SIGINT stops it
 gracefully: readiness turns false, in-flight requests finish, then it exits 0.
 
-RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer of
-``inference.GRPCInferenceService``; tensors as raw contents (typed contents are accepted
+RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer and
+Triton's ModelStreamInfer of ``inference.GRPCInferenceService``; tensors as raw contents (typed contents are accepted
 too). On the same port ``grpc.health.v1.Health``; with ``--http-port`` the KServe v2 REST
 health endpoints and Prometheus ``/metrics`` in Triton's names (probes.py, metrics.py).
 Status codes:
@@ -29,8 +29,9 @@ Status codes:
 
 Forwarding mode (``--forward-to``, or the manifest's ``next_hop``): after computing, the
 server renames its outputs to the next shard's inputs (names from the next hop's
-ModelMetadata; see handoff.py), calls the next hop's ModelInfer within the caller's
-deadline and returns that response, so the caller of shard 0 gets the chain's final
+ModelMetadata; see handoff.py), sends them to the next hop within the caller's deadline -
+on one of a few open ModelStreamInfer streams, else unary ModelInfer (next_hop.py,
+stream.py) - and returns that response, so the caller of shard 0 gets the chain's final
 outputs. The caller's requested outputs name the final shard's outputs and are passed on.
 ServerReady/ModelReady are true only while the next hop is ready too, so the head's
 readiness covers the whole chain.
@@ -74,8 +75,6 @@ from gpuflow.tasks.edge.manifest import (
 )
 from gpuflow.tasks.edge.serving.client import (
     DEFAULT_MAX_MESSAGE_MB,
-    ModelMetadata,
-    OipClient,
     OipError,
     SharedMemoryMode,
     channel_options,
@@ -88,6 +87,7 @@ from gpuflow.tasks.edge.serving.codec import (
 )
 from gpuflow.tasks.edge.serving.handoff import HandoffError, map_outputs_to_inputs
 from gpuflow.tasks.edge.serving.metrics import InstrumentedServicer, ShardMetrics
+from gpuflow.tasks.edge.serving.next_hop import NextHop
 from gpuflow.tasks.edge.serving.probes import ProbeServer, ShardHealth, add_health
 from gpuflow.tasks.edge.serving.proto import oip as pb
 from gpuflow.tasks.edge.serving.shard_model import (
@@ -96,6 +96,7 @@ from gpuflow.tasks.edge.serving.shard_model import (
     ShardModel,
 )
 from gpuflow.tasks.edge.serving.shm import RegionRegistry, SharedMemoryError
+from gpuflow.tasks.edge.serving.stream import stream_error
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,6 @@ PLATFORM = "onnxruntime_onnx"
 READY_PREFIX = "READY "
 EXIT_STARTUP_ERROR = 2
 EXIT_INTEGRITY_ERROR = 3
-# How long readiness waits for a next hop's answer: readiness probes must stay cheap.
-_NEXT_HOP_PROBE_S = 2.0
 # What ServerMetadata lists: Triton's extension names.
 EXTENSIONS = ("system_shared_memory",)
 
@@ -119,55 +118,13 @@ def _server_version() -> str:
         return "0+unknown"
 
 
-class _NextHop:
-    """The forwarding target: a client plus the next shard's input names, fetched once."""
-
-    def __init__(
-        self,
-        address: str,
-        model_name: str,
-        max_message_mb: int,
-        timeout_s: float,
-        shared_memory: SharedMemoryMode = "auto",
-    ):
-        self.address = address
-        self.model_name = model_name
-        self.timeout_s = timeout_s
-        # A next hop on this host gets the boundary tensor through shared memory (client.py).
-        self.client = OipClient(
-            address,
-            timeout_s=timeout_s,
-            max_message_mb=max_message_mb,
-            shared_memory=shared_memory,
-        )
-        self._metadata: ModelMetadata | None = None
-        self._lock = threading.Lock()
-
-    def metadata(self) -> ModelMetadata:
-        """The next shard's metadata, fetched once (OipError while it cannot be reached)."""
-        with self._lock:
-            if self._metadata is None:
-                self._metadata = self.client.model_metadata(self.model_name)
-            return self._metadata
-
-    def input_names(self) -> list[str]:
-        return self.metadata().input_names
-
-    def ready(self) -> bool:
-        try:
-            request = pb.ModelReadyRequest(name=self.model_name)
-            return bool(self.client.stub.ModelReady(request, timeout=_NEXT_HOP_PROBE_S).ready)
-        except grpc.RpcError:
-            return False
-
-
 class ShardServicer(pb.GRPCInferenceServiceServicer):
     """GRPCInferenceService for one ShardModel, optionally forwarding to a next hop."""
 
     def __init__(
         self,
         model: ShardModel,
-        next_hop: _NextHop | None = None,
+        next_hop: NextHop | None = None,
         metrics: ShardMetrics | None = None,
     ) -> None:
         self.model = model
@@ -175,6 +132,8 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         self.metrics = metrics
         self.draining = False
         self.regions = RegionRegistry()  # Triton's system shared-memory extension (shm.py)
+        self._streams: set[grpc.ServicerContext] = set()  # open ModelStreamInfer calls
+        self._streams_lock = threading.Lock()
 
     def ready(self) -> bool:
         """Serving, and (forwarding) the next hop is ready: what every probe reports."""
@@ -253,9 +212,46 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         return [(t.name, t.datatype, t.shape) for t in meta.outputs]
 
     def ModelInfer(self, request, context):  # noqa: N802
+        response, failure = self.infer(request, context.time_remaining())
+        if failure:
+            context.abort(*failure)
+        return response
+
+    def ModelStreamInfer(self, requests, context):  # noqa: N802
+        """Triton's streaming inference: each request answered in order on the stream, a
+        failure as ``error_message`` (stream.stream_error) and the stream goes on. Draining
+        cancels open streams (their callers send unary from then on)."""
+        with self._streams_lock:
+            if self.draining:
+                return
+            self._streams.add(context)
+        try:
+            for request in requests:
+                response, failure = self.infer(request, None)
+                if failure:
+                    yield pb.ModelStreamInferResponse(error_message=stream_error(*failure))
+                else:
+                    yield pb.ModelStreamInferResponse(infer_response=response)
+        except grpc.RpcError:
+            return  # cancelled (the caller went, or we drain): nothing left to answer
+        finally:
+            with self._streams_lock:
+                self._streams.discard(context)
+
+    def end_streams(self) -> None:
+        """Cancel every open stream (at drain: each holds a worker thread while idle)."""
+        with self._streams_lock:
+            contexts, self._streams = list(self._streams), set()
+        for context in contexts:
+            context.cancel()
+
+    def infer(
+        self, request: pb.ModelInferRequest, time_remaining_s: float | None
+    ) -> tuple[pb.ModelInferResponse | None, tuple[grpc.StatusCode, str] | None]:
+        """One inference request, unary or on a stream: (response, None) or (None,
+        (code, message)). ``time_remaining_s``: the caller's deadline, which a forwarded
+        request keeps (None: the hop's own timeout)."""
         started = time.perf_counter()
-        # Each step returns (code, message) on failure; context.abort raises, so it is only
-        # called outside the try blocks.
         try:
             inputs = self.model.decode_inputs(request, self.regions)
             wanted = (
@@ -264,26 +260,23 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
                 else self.model.requested_outputs(request)
             )
             places = output_places(request)
-        except TensorCodecError as exc:
+        except ModelNotFoundError as exc:  # before InvalidRequestError, its base
             log.info("rejected request %r: %s", request.id, exc)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except ModelNotFoundError as exc:
+            return None, (grpc.StatusCode.NOT_FOUND, str(exc))
+        except (TensorCodecError, InvalidRequestError) as exc:
             log.info("rejected request %r: %s", request.id, exc)
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except InvalidRequestError as exc:
-            log.info("rejected request %r: %s", request.id, exc)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return None, (grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         failure, outputs = self._run(inputs, wanted)
         if failure:
-            context.abort(*failure)
+            return None, failure
         if self.next_hop is not None:
-            failure, forwarded = self._forward(request, outputs, context)
+            failure, forwarded = self._forward(request, outputs, time_remaining_s)
             if failure:
-                context.abort(*failure)
+                return None, failure
             forwarded.id = request.id
             log.debug("request %r forwarded in %.1f ms", request.id, _ms_since(started))
             if not places:
-                return forwarded
+                return forwarded, None
             # The caller's shared memory is registered here, not at the last shard.
             model_name, outputs = forwarded.model_name, decode_response(forwarded)
         else:
@@ -295,9 +288,9 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
             for name, array in outputs.items():
                 add_output(response, name, array, places.get(name), self.regions)
         except TensorCodecError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return None, (grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         log.debug("request %r served in %.1f ms", request.id, _ms_since(started))
-        return response
+        return response, None
 
     def _run(
         self, inputs: dict[str, np.ndarray], wanted: list[str]
@@ -316,11 +309,13 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
             return (grpc.StatusCode.INTERNAL, f"model {self.model.name!r} failed: {exc}"), {}
 
     def _forward(
-        self, request: pb.ModelInferRequest, outputs: dict[str, np.ndarray], context
+        self,
+        request: pb.ModelInferRequest,
+        outputs: dict[str, np.ndarray],
+        remaining: float | None,
     ) -> tuple[tuple[grpc.StatusCode, str] | None, pb.ModelInferResponse | None]:
         hop = self.next_hop
         assert hop is not None
-        remaining = context.time_remaining()
         timeout_s = hop.timeout_s if remaining is None else min(remaining, hop.timeout_s)
         if timeout_s <= 0:
             return (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before forwarding"), None
@@ -378,7 +373,9 @@ class ShardServer:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting work, let in-flight requests finish (up to grace_s), then close."""
-        self.servicer.draining = True
+        with self.servicer._streams_lock:
+            self.servicer.draining = True
+        self.servicer.end_streams()  # each idle stream would hold the grace period open
         self.health.shutdown()  # probes and watchers see NOT_SERVING before the port closes
         self.server.stop(grace_s).wait()
         if self.http is not None:
@@ -450,7 +447,7 @@ def start_shard_server(
                 "name: pass forward_model (--forward-model) or set extra['next_model'] in the "
                 "manifest"
             )
-        next_hop = _NextHop(
+        next_hop = NextHop(
             hop_address, str(next_model), max_message_mb, forward_timeout_s, shared_memory
         )
     metrics = ShardMetrics(model.name, model.version)

@@ -67,6 +67,7 @@ SystemSharedMemoryRegisterRequest: Any
 SystemSharedMemoryRegisterResponse: Any
 SystemSharedMemoryUnregisterRequest: Any
 SystemSharedMemoryUnregisterResponse: Any
+ModelStreamInferResponse: Any
 
 # method name -> (request class, response class), in the protocol's order.
 METHODS: dict[str, tuple[Any, Any]] = {
@@ -76,6 +77,8 @@ METHODS: dict[str, tuple[Any, Any]] = {
     )
     for m in _SERVICE.methods
 }
+# The bidirectional streaming ones (Triton's ModelStreamInfer); the rest are unary.
+STREAMING = frozenset(m.name for m in _SERVICE.methods if m.client_streaming or m.server_streaming)
 
 
 def method_path(name: str) -> str:
@@ -87,10 +90,11 @@ class GRPCInferenceServiceStub:
 
     def __init__(self, channel: grpc.Channel) -> None:
         for name, (request, response) in METHODS.items():
+            kind = channel.stream_stream if name in STREAMING else channel.unary_unary
             setattr(
                 self,
                 name,
-                channel.unary_unary(
+                kind(
                     method_path(name),
                     request_serializer=request.SerializeToString,
                     response_deserializer=response.FromString,
@@ -117,7 +121,11 @@ def add_GRPCInferenceServiceServicer_to_server(  # noqa: N802 - grpcio's generat
 ) -> None:
     """Register ``servicer``'s methods under the protocol's service name on ``server``."""
     handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
+        name: (
+            grpc.stream_stream_rpc_method_handler
+            if name in STREAMING
+            else grpc.unary_unary_rpc_method_handler
+        )(
             getattr(servicer, name),
             request_deserializer=request.FromString,
             response_serializer=response.SerializeToString,

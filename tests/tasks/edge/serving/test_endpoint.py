@@ -79,3 +79,28 @@ def test_endpoint_refuses_a_taken_port(tmp_path: Path) -> None:
             EndpointServer(tmp_path / "t", port=first.port)
     finally:
         first.stop()
+
+
+def test_endpoint_forwards_model_stream_infer(mlp, start_server, tmp_path: Path) -> None:
+    """Triton's bidirectional ModelStreamInfer through the endpoint: several requests on
+    one stream, each answered in order, an error on the stream keeping its code."""
+    shard = start_server(mlp.shard_dirs[2])
+    target = tmp_path / "target"
+    target.write_text(shard.address)
+    endpoint = EndpointServer(target)
+    try:
+        with OipClient(endpoint.address, streaming=True) as client:
+            first = client.infer("mlp-shard2", {"h2": H2})
+            with pytest.raises(OipError) as err:
+                client.infer("nope", {"h2": H2})
+            again = client.infer("mlp-shard2", {"h2": H2})
+            assert len(client._streams._open) == 1  # one stream, through the endpoint
+            assert len(shard.servicer._streams) == 1  # the endpoint kept it a stream upstream
+        assert err.value.code is grpc.StatusCode.NOT_FOUND
+        with OipClient(shard.address) as direct:
+            want = direct.infer("mlp-shard2", {"h2": H2})
+        for name in want:
+            np.testing.assert_array_equal(first[name], want[name])
+            np.testing.assert_array_equal(again[name], want[name])
+    finally:
+        endpoint.stop()

@@ -20,6 +20,8 @@ def test_wire_names_are_the_protocols() -> None:
         "ServerMetadata",
         "ModelMetadata",
         "ModelInfer",
+        # Triton's streaming inference (stream.py)
+        "ModelStreamInfer",
         # Triton's system shared-memory extension (shm.py)
         "SystemSharedMemoryStatus",
         "SystemSharedMemoryRegister",
@@ -28,6 +30,11 @@ def test_wire_names_are_the_protocols() -> None:
     request = pb.ModelInferRequest.DESCRIPTOR.fields_by_name
     assert request["raw_input_contents"].number == 7
     assert pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number == 6
+    stream = service.methods_by_name["ModelStreamInfer"]
+    assert stream.client_streaming and stream.server_streaming
+    assert stream.output_type.full_name == "inference.ModelStreamInferResponse"
+    fields = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name
+    assert (fields["error_message"].number, fields["infer_response"].number) == (1, 2)
 
 
 def test_bare_stub_runs_every_rpc(mlp, mlp_servers) -> None:

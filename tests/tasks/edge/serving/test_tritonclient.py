@@ -141,3 +141,29 @@ def test_tritonclient_shared_memory_against_a_shard(mlp, mlp_whole) -> None:
     finally:
         client.close()
         triton_shm.destroy_shared_memory_region(handle)
+
+
+def test_tritonclient_streams_to_the_chain_head(mlp, mlp_forwarding) -> None:
+    """Triton's streaming API (start_stream / async_stream_infer) against our
+    ModelStreamInfer: answers in order, an error reported on the stream, the stream on."""
+    import queue
+
+    answers: queue.SimpleQueue = queue.SimpleQueue()
+    client = triton.InferenceServerClient(url=mlp_forwarding[0].address)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        tensor = triton.InferInput("x", list(X.shape), "FP32")
+        tensor.set_data_from_numpy(X)
+        client.async_stream_infer("mlp-shard0", [tensor], request_id="s1")
+        client.async_stream_infer("nope", [tensor], request_id="s2")
+        client.async_stream_infer("mlp-shard0", [tensor], request_id="s3")
+        got = [answers.get(timeout=30) for _ in range(3)]
+        client.stop_stream()
+    finally:
+        client.close()
+    expected = mlp.reference({"x": X})["probs"]
+    for result, error in (got[0], got[2]):
+        assert error is None
+        np.testing.assert_allclose(result.as_numpy("probs"), expected, rtol=1e-5, atol=1e-6)
+    assert [got[0][0].get_response().id, got[2][0].get_response().id] == ["s1", "s3"]
+    assert got[1][0] is None and "NOT_FOUND" in got[1][1].message()
