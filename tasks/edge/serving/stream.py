@@ -2,9 +2,9 @@
 set up per request.
 
 A unary ModelInfer pays gRPC's per-call work each time (a call object, HTTP/2 HEADERS both
-ways, a server thread picked from the pool): a 200-byte ping-pong measured 0.32-0.40 ms
-unary and 0.17-0.29 ms as messages on one open stream (2-core VM, grpcio 1.7x/1.8x,
-/tmp-free script in docs/edge.md "The hop at 1.6 MB"). Triton's ``ModelStreamInfer``
+ways, a server thread picked from the pool): a 200-byte echo between two processes measured
+0.31-0.40 ms unary and 0.17-0.29 ms as messages on one open stream (2-core VM; docs/edge.md
+"Hops on streams"). Triton's ``ModelStreamInfer``
 (bidirectional: requests in, one response per request, in order) carries exactly the same
 ModelInferRequest, so a forwarding shard keeps a few such streams open to its next hop and
 sends each request on an idle one.
