@@ -76,6 +76,8 @@ class _Stream:
         self.timed_out = False
 
     def exchange(self, request: pb.ModelInferRequest, timeout_s: float) -> Any:
+        # A cancel that raced a previous answer (late by a hair) marks no new request late.
+        self.timed_out = False
         self.deadline = time.monotonic() + timeout_s
         self._requests.put(request)
         try:
