@@ -481,11 +481,15 @@ def test_a_job_and_a_gang_run_where_placed_and_move_to_the_other_host(
     api = box["client_env"]["PREFECT_API_URL"]
     watch = _start_gpu_host_monitor(api)  # checked at the end: it runs meanwhile
 
-    _submit(box, JOB, STEPS, INTERVAL, "--sku", "a100-40gb")
+    # Submitted side by side, as two users would (a `gpuflow` process takes seconds to
+    # start on 2 cores); one pass places both.
+    job_args = (JOB, STEPS, INTERVAL, "--sku", "a100-40gb")
     # Two ranks (one per V100), each with its half of a global batch of 2.
-    _submit(
-        box, GANG, GANG_STEPS, GANG_INTERVAL, "--count", "2", "--sku", "v100", "--batch-size", "2"
-    )
+    gang_args = (GANG, GANG_STEPS, GANG_INTERVAL, "--count", "2", "--sku", "v100")
+    gang_args += ("--batch-size", "2")
+    with ThreadPoolExecutor(2) as pool:
+        for submitted in [pool.submit(_submit, box, *a) for a in (job_args, gang_args)]:
+            submitted.result()
     _one_pass(box)
 
     inventory = Inventory()
@@ -495,8 +499,9 @@ def test_a_job_and_a_gang_run_where_placed_and_move_to_the_other_host(
     units = [inventory.resource(r) for r in gang.resource_ids]
     assert len(units) == 2 and len({u.node for u in units}) == 1
     at_risk = units[1]  # not rank 0's device: the whole gang moves all the same
-    _emit_health_risk(box, placed)
-    _emit_health_risk(box, at_risk)
+    with ThreadPoolExecutor(2) as pool:  # two monitors' events, each from its own process
+        for emitted in [pool.submit(_emit_health_risk, box, r) for r in (placed, at_risk)]:
+            emitted.result()
     _answer(inventory, box["gate"], JOB, placed)
     _answer(inventory, box["gang_gate"], GANG, at_risk)
     done = _finished(inventory, JOB, 600)
