@@ -103,7 +103,6 @@ def train_cmd(
     storage_block: StorageBlock = None,
 ) -> None:
     """Train the dual encoder (the `train_multimodal` flow): lease, train, evaluate, record."""
-    from gpuflow.flows.train_multimodal import train_multimodal
     from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _spec(
@@ -123,6 +122,10 @@ def train_cmd(
     store = storage_from_options(
         storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
     )
+    # Imported once the options are checked: a refusal comes before Prefect, MLflow and
+    # the models load (seconds on a small machine).
+    from gpuflow.flows.train_multimodal import train_multimodal
+
     with StepProgress():
         result = run_flow(train_multimodal, spec, device=DeviceRequest(sku=sku), storage=store)
     console.print(_figures_table(f"multimodal {spec.job_id} ({spec.layout})", result))
@@ -147,7 +150,6 @@ def compare_cmd(
     storage_block: StorageBlock = None,
 ) -> None:
     """The same job on one device and as branches: MLflow parent/child runs side by side."""
-    from gpuflow.flows.train_multimodal import compare_multimodal
     from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _spec(
@@ -164,6 +166,8 @@ def compare_cmd(
     store = storage_from_options(
         storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
     )
+    from gpuflow.flows.train_multimodal import compare_multimodal
+
     with StepProgress():
         out = run_flow(compare_multimodal, spec, device=DeviceRequest(sku=sku), storage=store)
     table = Table(title=f"multimodal layouts ({spec.size}, batch {spec.batch_size})")

@@ -178,7 +178,6 @@ def train_cmd(
     ] = False,
 ) -> None:
     """Train a model on the fleet (the `train` flow): lease, train, checkpoint, record in MLflow."""
-    from gpuflow.flows.train import train
     from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _train_spec(
@@ -199,6 +198,10 @@ def train_cmd(
     store = storage_from_options(
         storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
     )
+    # Imported once the options are checked: a refusal comes before Prefect, MLflow and
+    # the models load (seconds on a small machine).
+    from gpuflow.flows.train import train
+
     with StepProgress():
         result = run_flow(
             train, spec, device=DeviceRequest(sku=sku, profile=profile), storage=store
@@ -248,7 +251,6 @@ def compare_precision_cmd(
     storage_block: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Train the same job under fp32 and candidate policies; speedup and convergence delta."""
-    from gpuflow.flows.compare_precision import compare_precision
     from gpuflow.tasks.training.binding import DeviceRequest
 
     spec = _train_spec(
@@ -261,6 +263,8 @@ def compare_precision_cmd(
     store = storage_from_options(
         storage, checkpoint_dir, s3_bucket, s3_prefix, s3_endpoint_url, storage_block
     )
+    from gpuflow.flows.compare_precision import compare_precision
+
     with StepProgress():
         out = run_flow(
             compare_precision,
