@@ -11,8 +11,8 @@ Once serving, one line ``READY model=<name> address=<host>:<port> ...`` goes to 
 gracefully: readiness turns false, in-flight requests finish, then it exits 0.
 
 RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer and
-Triton's ModelStreamInfer of ``inference.GRPCInferenceService``; tensors as raw contents (typed contents are accepted
-too). On the same port ``grpc.health.v1.Health``; with ``--http-port`` the KServe v2 REST
+Triton's ModelStreamInfer of ``inference.GRPCInferenceService``; tensors as raw contents
+(typed contents are accepted too). On the same port ``grpc.health.v1.Health``; with ``--http-port`` the KServe v2 REST
 health endpoints and Prometheus ``/metrics`` in Triton's names (probes.py, metrics.py).
 Status codes:
 
