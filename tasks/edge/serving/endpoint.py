@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 from gpuflow.tasks.edge.serving.client import DEFAULT_MAX_MESSAGE_MB, channel_options
@@ -113,32 +114,17 @@ class _Forward(grpc.GenericRpcHandler):
             except grpc.RpcError as exc:
                 context.abort(exc.code(), exc.details() or f"from {address}")
 
-        def forward_stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        def relay(open_call: str, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+            """A streaming call passed through: ``open_call`` is the channel's unary_stream
+            (one request in) or stream_stream (ours read by gRPC as they come)."""
             address, channel = self.target.channel()
             if channel is None:
                 context.abort(
                     grpc.StatusCode.UNAVAILABLE,
                     f"no version of this deployment is current ({self.target.path} is empty)",
                 )
-            call = channel.unary_stream(method)(request)  # long-lived: no deadline
+            call = getattr(channel, open_call)(method)(request)  # long-lived: no deadline
             context.add_callback(call.cancel)  # the client left: stop the upstream stream
-            try:
-                yield from call
-            except grpc.RpcError as exc:
-                if context.is_active():
-                    context.abort(exc.code(), exc.details() or f"from {address}")
-
-        def forward_bidi(
-            requests: Iterator[bytes], context: grpc.ServicerContext
-        ) -> Iterator[bytes]:
-            address, channel = self.target.channel()
-            if channel is None:
-                context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"no version of this deployment is current ({self.target.path} is empty)",
-                )
-            call = channel.stream_stream(method)(requests)  # gRPC reads ours as they come
-            context.add_callback(call.cancel)
             try:
                 yield from call
             except grpc.RpcError as exc:
@@ -147,9 +133,13 @@ class _Forward(grpc.GenericRpcHandler):
 
         # No (de)serializers: the bytes go through as they came.
         if method in BIDI_STREAMING:
-            return grpc.stream_stream_rpc_method_handler(forward_bidi)
+            return grpc.stream_stream_rpc_method_handler(
+                lambda requests, context: relay("stream_stream", requests, context)
+            )
         if method in SERVER_STREAMING:
-            return grpc.unary_stream_rpc_method_handler(forward_stream)
+            return grpc.unary_stream_rpc_method_handler(
+                lambda request, context: relay("unary_stream", request, context)
+            )
         return grpc.unary_unary_rpc_method_handler(forward)
 
 

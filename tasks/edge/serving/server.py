@@ -219,7 +219,7 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
 
     def ModelStreamInfer(self, requests, context):  # noqa: N802
         """Triton's streaming inference: each request answered in order on the stream, a
-        failure as ``error_message`` (stream.stream_error) and the stream goes on. Draining
+        failure as ``error_message`` (stream.stream_error) and the stream goes on. ``drain``
         cancels open streams (their callers send unary from then on)."""
         with self._streams_lock:
             if self.draining:
@@ -238,9 +238,12 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
             with self._streams_lock:
                 self._streams.discard(context)
 
-    def end_streams(self) -> None:
-        """Cancel every open stream (at drain: each holds a worker thread while idle)."""
+    def drain(self) -> None:
+        """Stop taking work: not ready from now on, no new stream, and every open stream
+        cancelled (each holds a worker thread while idle, and would hold a graceful stop
+        for its whole grace period)."""
         with self._streams_lock:
+            self.draining = True
             contexts, self._streams = list(self._streams), set()
         for context in contexts:
             context.cancel()
@@ -373,9 +376,7 @@ class ShardServer:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting work, let in-flight requests finish (up to grace_s), then close."""
-        with self.servicer._streams_lock:
-            self.servicer.draining = True
-        self.servicer.end_streams()  # each idle stream would hold the grace period open
+        self.servicer.drain()
         self.health.shutdown()  # probes and watchers see NOT_SERVING before the port closes
         self.server.stop(grace_s).wait()
         if self.http is not None:
