@@ -14,8 +14,13 @@
 3. Noise sweep: the same over the precursor-noise knobs (silent HBM failures, benign
    pending remaps), quiet -> very noisy, each learned model's net saved minus the rules'
    with a paired interval, and the crossover computed from them.
-Quick: 48-node x 60-day fleets, 2 seeds, 3 sweep settings of 1 seed (a smoke run, about
-1.5 min); full: 96 x 120 days, 3 seeds, 4 settings x 2 seeds. Recorded in MLflow
+4. Cordon sweep: the main table's models re-judged (no retraining) under what a cordon
+   costs (tasks.health.decision): how long it holds a device acted on (episodes under it
+   move nothing) and the share of that time the device would have run work; each learned
+   model's net saved minus the rules' with a paired interval, and the crossover.
+Quick: 48-node x 60-day fleets, 2 seeds, 3 sweep settings of 1 seed, 3 cordon settings (a
+smoke run, about 1.5 min); full: 96 x 120 days, 3 seeds, 4 settings x 2 seeds, 7 cordon
+settings. Recorded in MLflow
 (experiment gpuflow-health, run bench-health: the first seed's models and plots, every
 CI figure as a metric, the whole result as evaluation/health_ci.json).
 """
@@ -164,6 +169,19 @@ NOISE_SETTINGS: tuple[tuple[str, float, float], ...] = (
     ("very noisy", 0.70, 3e-2),
 )
 QUICK_NOISE = ("quiet", "default", "very noisy")
+# What a cordon costs, cheap -> dear: how long it holds a device acted on, and the share of
+# that time the device would have run work. No public figure fixes either; "move only" is
+# the default (every episode a move, the device's time not priced).
+CORDON_SETTINGS: tuple[tuple[str, float, float], ...] = (
+    ("move only", 0.0, 0.0),
+    ("4 h hold, free", 4 * 3600.0, 0.0),
+    ("24 h hold, free", 24 * 3600.0, 0.0),
+    ("4 h hold, half booked", 4 * 3600.0, 0.5),
+    ("4 h hold, fully booked", 4 * 3600.0, 1.0),
+    ("24 h hold, half booked", 24 * 3600.0, 0.5),
+    ("24 h hold, fully booked", 24 * 3600.0, 1.0),
+)
+QUICK_CORDON = ("move only", "4 h hold, free", "4 h hold, fully booked")
 MAIN_MEASURES = (
     ("precision", "precision", "{:.2f}"),
     *(
@@ -192,32 +210,50 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def seed_rows(history: Any, outcome: Any) -> np.ndarray:
+def risks_on_test(history: Any, outcome: Any) -> dict[str, np.ndarray]:
+    """Each of rules, GBT and LSTM's risk per test window at its chosen horizon."""
+    from gpuflow.tasks.health.pipeline import score_split
+
+    test = history.splits["test"]
+    return {m: score_split(outcome.model(m), test) for m in ("rules", *LEARNED)}
+
+
+def seed_rows(
+    history: Any,
+    outcome: Any,
+    defaults: Any = None,
+    risks: dict[str, np.ndarray] | None = None,
+) -> np.ndarray:
     """Per test device the bootstrap columns of every model of MODELS, each as it is run:
     GBT and LSTM at the cost rule's break-even risk for their chosen horizon (what the
     monitor does), rules at 0.5, random at the LSTM's alert rate, oracle at the
-    champion's horizon."""
+    champion's horizon. ``defaults`` (a decision.CostDefaults): the cordon's hold and
+    price, in the break-even risk and in which episodes move anything; ``risks``: those
+    of ``risks_on_test``, when already scored."""
     from gpuflow.tasks.health import uncertainty as u
     from gpuflow.tasks.health.baselines import oracle_scores, random_scores
-    from gpuflow.tasks.health.champion import decision_threshold
+    from gpuflow.tasks.health.champion import decision_threshold, reference_costs
     from gpuflow.tasks.health.evaluate import random_threshold_for
-    from gpuflow.tasks.health.pipeline import score_split
     from gpuflow.tasks.remediation.alarm_stream import split_devices
 
     test = history.splits["test"]
     hz = outcome.horizons
-    runs: dict[str, Any] = {
-        "rules": u.model_run(test, score_split(outcome.rules, test), 0.5, hz["rules"])
-    }
+    risks = risks or risks_on_test(history, outcome)
+    costs = reference_costs(defaults)
+    hold = defaults.cordon_hold_s if defaults is not None else 0.0
+
+    def run(r: np.ndarray, t: float, h: float) -> Any:
+        return u.model_run(test, r, t, h, hold)
+
+    runs: dict[str, Any] = {"rules": run(risks["rules"], 0.5, hz["rules"])}
     for name in LEARNED:
-        r = score_split(outcome.model(name), test)
-        runs[name] = u.model_run(test, r, decision_threshold(hz[name]), hz[name])
-    lstm = runs["lstm"]
-    rate = float(np.average(lstm.risk >= decision_threshold(hz["lstm"]), weights=test.weight))
+        runs[name] = run(risks[name], decision_threshold(hz[name], costs), hz[name])
+    t_lstm = decision_threshold(hz["lstm"], costs)
+    rate = float(np.average(runs["lstm"].risk >= t_lstm, weights=test.weight))
     rand = random_scores(test.n_windows, seed=history.config.seed)
-    runs["random"] = u.model_run(test, rand, random_threshold_for(rate), hz["lstm"])
+    runs["random"] = run(rand, random_threshold_for(rate), hz["lstm"])
     h = hz[outcome.champion]
-    runs["oracle"] = u.model_run(test, oracle_scores(test, h), 0.5, h)
+    runs["oracle"] = run(oracle_scores(test, h), 0.5, h)
     facts = u.split_facts(test, split_devices(history.config, "test"))
     return u.device_rows(facts, {m: runs[m] for m in MODELS})
 
@@ -260,12 +296,26 @@ class Plan:
     settings: tuple[str, ...]
     resamples: int
     gbt_max_iter: int
+    cordon: tuple[str, ...] = QUICK_CORDON
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:  # a smoke run: small fleets, few seeds, wide intervals
             return cls({"nodes": 48, "days": 60.0}, (1, 2), (1,), QUICK_NOISE, 300, 50)
-        return cls({}, (1, 2, 3), (1, 2), tuple(n for n, *_ in NOISE_SETTINGS), 1000, 150)
+        every = tuple(n for n, *_ in CORDON_SETTINGS)
+        return cls({}, (1, 2, 3), (1, 2), tuple(n for n, *_ in NOISE_SETTINGS), 1000, 150, every)
+
+
+def _versus_rules(st: Any) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Each learned model's net saved minus the rules' (paired), and as printed."""
+    from gpuflow.tasks.health import uncertainty as u
+
+    d = {m: u.difference(st, m, "rules", "net_saved_gpu_h_per_1000_dd") for m in LEARNED}
+    return d, {
+        f"{m} - rules: net GPU-h saved / 1000 dd": f"{x['mean']:+.1f} "
+        f"[{x['lo']:+.1f}, {x['hi']:+.1f}] ({u.verdict(x)})"
+        for m, x in d.items()
+    }
 
 
 def run_uncertainty(
@@ -277,6 +327,7 @@ def run_uncertainty(
     from gpuflow.hardware.sim.noise import NoiseModel
     from gpuflow.tasks.health import uncertainty as u
     from gpuflow.tasks.health.baselines import GbtConfig
+    from gpuflow.tasks.health.decision import CostDefaults
     from gpuflow.tasks.health.history import HistoryConfig
 
     plan = plan or Plan.of(quick)
@@ -290,12 +341,14 @@ def run_uncertainty(
     )
     started = time.perf_counter()
     rows = []
+    trained = []
     first = None
     for s in main_seeds:
         report(f"main table: history seed {s}")
         history, outcome = _train_seed(HistoryConfig.small(seed=s, **size), tc, gc, report)
         first = first or outcome
-        rows.append(seed_rows(history, outcome))
+        trained.append((history, outcome, risks_on_test(history, outcome)))
+        rows.append(seed_rows(history, outcome, risks=trained[-1][2]))
     by_seed = dict(zip(main_seeds, rows, strict=True))
     twin = (HazardModel().hbm_silent_share, NoiseModel().benign_remap_per_day)
     main = u.study(rows, MODELS, resamples=resamples)
@@ -320,18 +373,26 @@ def run_uncertainty(
             history, outcome = _train_seed(hc, tc, gc, report)
             srows.append(seed_rows(history, outcome))
         st = u.study(srows, MODELS, resamples=resamples)
-        d = {m: u.difference(st, m, "rules", "net_saved_gpu_h_per_1000_dd") for m in LEARNED}
+        d, printed = _versus_rules(st)
         diffs.append((label, d))
         knobs = f"hbm_silent_share {silent:g}, benign_remap_per_day {remaps:g}"
-        sections[f"noise sweep: {label} ({knobs}; {st.failures} failures)"] = _rows(
-            st, SWEEP_MEASURES
-        ) | {
-            f"{m} - rules: net GPU-h saved / 1000 dd": f"{x['mean']:+.1f} "
-            f"[{x['lo']:+.1f}, {x['hi']:+.1f}] ({u.verdict(x)})"
-            for m, x in d.items()
-        }
+        sections[f"noise sweep: {label} ({knobs}; {st.failures} failures)"] = (
+            _rows(st, SWEEP_MEASURES) | printed
+        )
         raw[f"sweep {label}"] = {"knobs": knobs, "table": st.table, "vs rules": d}
     finding = u.crossover(diffs)
+    t_sweep = time.perf_counter() - started - t_main
+    cordon_diffs = []
+    for label, hold, price in [x for x in CORDON_SETTINGS if x[0] in plan.cordon]:
+        report(f"cordon sweep: {label}")
+        defaults = CostDefaults(cordon_hold_s=hold, cordon_price=price)
+        crows = [seed_rows(h, o, defaults, r) for h, o, r in trained]
+        st = u.study(crows, MODELS, u.ActCosts.reference(defaults), resamples=resamples)
+        d, printed = _versus_rules(st)
+        cordon_diffs.append((label, d))
+        knobs = f"cordon_hold_s {hold:g}, cordon_price {price:g}"
+        sections[f"cordon sweep: {label} ({knobs})"] = _rows(st, SWEEP_MEASURES) | printed
+        raw[f"cordon {label}"] = {"knobs": knobs, "table": st.table, "vs rules": d}
     out: dict[str, Any] = {
         "setup": {
             "main": f"{main.seeds} history seeds ({', '.join(map(str, main_seeds))}), "
@@ -348,11 +409,15 @@ def run_uncertainty(
             "intervals": "95 % bootstrap over history seeds and devices; 'n=7 <20': the "
             "figure rests on fewer than 20 events",
             "main wall time, s": f"{t_main:.1f}",
-            "sweep wall time, s": f"{time.perf_counter() - started - t_main:.1f}",
+            "sweep wall time, s": f"{t_sweep:.1f}",
+            "cordon sweep": "the main table's seeds and models, re-judged: thresholds at the "
+            "break-even (A + K) / (F + K), episodes under a standing cordon move nothing, "
+            "K = hold x price charged per false alarm",
         },
         "health: test splits, mean [95 % CI]": _rows(main, MAIN_MEASURES),
         **sections,
         "noise sweep: finding": {"crossover": finding},
+        "cordon sweep: finding": {"crossover": u.crossover(cordon_diffs)},
         "figures": [raw],  # a list: the CLI prints only the dict sections
     }
     for title, rows in out.items():

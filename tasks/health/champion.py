@@ -11,12 +11,18 @@ unplanned restart (T/2 + R). Net cost, in GPU-hours per 1,000 device-days (backg
 episodes weighted by the population they stand for):
 
     cost  = gang x [alarm episodes x (C + M) + missed failures x (T/2 + R)]
+            + false alarm episodes x K                 (K: decision.py's cordon cost, 0
+                                                        unless the costs set a hold)
     saved = gang x failures x (T/2 + R) - cost        (what doing nothing would cost)
+
+With a cordon hold (``hold_s``), an episode that begins under an earlier one's standing
+cordon moves nothing and costs nothing (evaluate.py); without one every episode is a move.
 
 The champion is the (model, horizon) with the lowest cost; its threshold is not tuned:
 it is the rule's break-even risk, so the monitor decides exactly as it was chosen.
-What this leaves out: a drained device's lost capacity while it waits for repair (acting
-72 h early is priced like acting 1 h early), jobs of other sizes (the break-even risk
+What this leaves out by default (cordon cost 0): a drained device's lost capacity while
+it waits to be cleared (acting 72 h early is priced like acting 1 h early), jobs of other
+sizes (the break-even risk
 barely depends on the gang: decision.py), and idle devices (nothing to save).
 """
 
@@ -33,7 +39,7 @@ from gpuflow.tasks.health.decision import (
     JobCosts,
     decide,
 )
-from gpuflow.tasks.health.evaluate import DEFAULT_LEAD_MIN_S, evaluate_scores
+from gpuflow.tasks.health.evaluate import DEFAULT_LEAD_MIN_S, alarm_episodes
 from gpuflow.tasks.health.history import SplitData
 from gpuflow.tasks.health.horizons import horizon_label
 
@@ -43,7 +49,8 @@ REFERENCE_GANG = 8
 def reference_costs(
     defaults: CostDefaults | None = None, gang: int = REFERENCE_GANG
 ) -> DeviceCosts:
-    """The reference job of the module doc, as decision.py's rule reads it."""
+    """The reference job of the module doc, as decision.py's rule reads it (with the
+    defaults' cordon cost)."""
     d = defaults or CostDefaults()
     period = d.young_daly_s(gang)
     job = JobCosts(
@@ -56,7 +63,7 @@ def reference_costs(
         checkpoint_every_s=period,
         sources={"all": "default: tasks.health.decision constants, Young/Daly period"},
     )
-    return DeviceCosts(jobs=(job,), room_elsewhere=True)
+    return DeviceCosts(jobs=(job,), room_elsewhere=True, cordon_gpu_s=d.cordon_gpu_s())
 
 
 def decision_threshold(horizon_s: float, costs: DeviceCosts | None = None) -> float:
@@ -99,28 +106,34 @@ def decision_cost(
     lead_min_s: float = DEFAULT_LEAD_MIN_S,
     costs: DeviceCosts | None = None,
     threshold: float | None = None,
+    hold_s: float = 0.0,
 ) -> CostResult:
     """The net cost of acting on ``risks`` (P(fail within ``horizon_s``), one per window)
-    by the rule (see the module doc)."""
+    by the rule, its cordons standing ``hold_s`` (see the module doc)."""
     costs = costs or reference_costs()
     t = decision_threshold(horizon_s, costs) if threshold is None else threshold
-    m = evaluate_scores(name, split, risks, t, horizon_s, lead_min_s, pr_curve=False).metrics
+    ep = alarm_episodes(
+        split, np.asarray(risks, dtype=np.float64), t, horizon_s, lead_min_s, hold_s
+    )
     job = costs.jobs[0]
     act = job.gang_gpus * (job.checkpoint_save_s + job.relaunch_s)
     period = job.checkpoint_every_s or 0.0
     miss = job.gang_gpus * (period / 2.0 + job.restart_s)
-    alarms = m["true_alarms"] + m["false_alarms"]
-    cost = alarms * act + (m["failures"] - m["detected"]) * miss
+    # As evaluate.py counts them: a true episode in a background segment is neither.
+    false = float(ep.weight[ep.acted & ~ep.true].sum())
+    alarms = float((ep.acted & ep.true & ~ep.background).sum()) + false
+    failures, detected = float(len(split.fail_s)), float(ep.detected.sum())
+    cost = alarms * act + false * costs.cordon_gpu_s + (failures - detected) * miss
     per = 1000.0 / split.device_days / 3600.0 if split.device_days > 0 else float("nan")
     return CostResult(
         name,
         horizon_s,
         t,
         alarms,
-        m["failures"],
-        m["detected"],
+        failures,
+        detected,
         cost * per,
-        (m["failures"] * miss - cost) * per,
+        (failures * miss - cost) * per,
     )
 
 

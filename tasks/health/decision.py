@@ -10,6 +10,16 @@ last checkpoint plus the unplanned restart. So, per device, summed over its jobs
     act            when expected loss > cost of acting
     break-even risk = cost of acting / (lost work + restart), summed the same way
 
+Acting also cordons the device, and the remediate flow leaves the cordon to an operator:
+if the device would not have failed, the fleet loses its time until it is cleared
+(``cordon_gpu_s`` = the hold x the share of it the device would have run work; if it
+fails it is out for repair anyway). With it::
+
+    act when risk x F > A + (1 - risk) x K,  break-even risk = (A + K) / (F + K)
+
+K is 0 unless a cluster sets ``cordon_hold_s`` and ``cordon_price`` (docs/health.md,
+"What a cordon costs", measures what pricing it does to which model wins).
+
 All costs are **GPU-seconds** (a MIG slice or a vDCU counts as one GPU of its job's gang):
 a gang of 8 stalls 8 GPUs while it checkpoints. The gang size cancels out of the
 break-even risk when every GPU of a job carries the same costs; it does not cancel
@@ -80,12 +90,16 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def check_risk(name: str, value: object) -> float:
+def check_share(name: str, value: object, what: str = "a share") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+        raise ValueError(f"{name} must be {what} in [0, 1], got {value!r}")
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
     return float(value)
+
+
+def check_risk(name: str, value: object) -> float:
+    return check_share(name, value, "a probability")
 
 
 def check_horizon(value: object) -> float:
@@ -104,10 +118,16 @@ class CostDefaults:
     restart_s: float = DEFAULT_RESTART_S
     relaunch_s: float = DEFAULT_RELAUNCH_S
     gpu_failures_per_day: float = GPU_FAILURES_PER_DAY
+    # How long a cordon from a predicted risk holds the device, and the share of that time
+    # it would have run work (0: the fleet has room to spare, 1: fully booked). No public
+    # figure fixes either; 0 prices the move alone.
+    cordon_hold_s: float = 0.0
+    cordon_price: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("checkpoint_save_s", "restart_s", "relaunch_s"):
+        for name in ("checkpoint_save_s", "restart_s", "relaunch_s", "cordon_hold_s"):
             check_seconds(name, getattr(self, name))
+        check_share("cordon_price", self.cordon_price)
         rate = self.gpu_failures_per_day
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
             raise ValueError(f"gpu_failures_per_day must be a finite number, got {rate!r}")
@@ -130,6 +150,11 @@ class CostDefaults:
                 f"unknown cost field(s) {unknown}: use {list(cls.__dataclass_fields__)}"
             )
         return cls(**dict(value))
+
+    def cordon_gpu_s(self) -> float:
+        """What a cordon costs the fleet when the device would not have failed (one device's
+        GPU-seconds: a MIG slice's or vDCU's device is held whole)."""
+        return self.cordon_hold_s * self.cordon_price
 
     def young_daly_s(self, gang_gpus: int) -> float:
         """T = sqrt(2 MTBF C) for a gang of ``gang_gpus`` (its MTBF: any GPU failing)."""
@@ -192,12 +217,17 @@ class DeviceCosts:
     ``jobs_known`` False: nobody looked (no inventory): the drain level alone decides.
     ``room_elsewhere``: free or spare units of the jobs' kind enough to move them now
     (None: not known). Without room, a planned move is no faster than an unplanned
-    restart: the job waits for a slot either way, so relaunch costs the restart."""
+    restart: the job waits for a slot either way, so relaunch costs the restart.
+    ``cordon_gpu_s``: what cordoning it costs if it would not have failed (module doc)."""
 
     jobs: tuple[JobCosts, ...] = ()
     room_elsewhere: bool | None = None
     jobs_known: bool = True
     note: str = ""
+    cordon_gpu_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_seconds("cordon_gpu_s", self.cordon_gpu_s)
 
 
 UNKNOWN_COSTS = DeviceCosts(jobs_known=False, note="jobs on the device not looked up")
@@ -219,6 +249,7 @@ class Decision:
     decided_by: str  # "drain level", "cost rule", "device lost"/"device failed ..."
     why: str
     jobs: tuple[dict[str, Any], ...] = ()
+    cordon_gpu_s: float = 0.0  # the cordon's cost if the device would not have failed
 
     @property
     def level(self) -> float:
@@ -291,7 +322,10 @@ def decide(
     act_cost = float(sum(move_cost.values()))
     failure_cost = float(sum(fail_cost.values()))
     loss = risk * failure_cost
-    break_even = act_cost / failure_cost if failure_cost > 0 else None
+    # An idle device has nothing to move and nothing to save: its cordon is not weighed.
+    cordon = costs.cordon_gpu_s if failure_cost > 0 else 0.0
+    break_even = (act_cost + cordon) / (failure_cost + cordon) if failure_cost > 0 else None
+    acting = act_cost + (1.0 - risk) * cordon
 
     def made(action: str, decided_by: str, why: str) -> Decision:
         return Decision(
@@ -307,6 +341,7 @@ def decide(
             decided_by=decided_by,
             why=why,
             jobs=tuple(rows),
+            cordon_gpu_s=round(cordon, 3),
         )
 
     if forced:
@@ -319,18 +354,19 @@ def decide(
         else:
             why = f"idle: nothing to save; cordoned only at the drain level ({drain_risk:g})"
         return made(WATCH, "drain level", why)
-    if loss > act_cost:
+    with_cordon = f", the cordon's {(1.0 - risk) * cordon:.0f} in it" if cordon else ""
+    if loss > acting:
         return made(
             ACT,
             "cost rule",
             f"risk {risk:.4f} > break-even {break_even:.4f}: expected loss "
-            f"{loss:.0f} GPU-s > acting {act_cost:.0f} GPU-s",
+            f"{loss:.0f} GPU-s > acting {acting:.0f} GPU-s{with_cordon}",
         )
     return made(
         WATCH,
         "cost rule",
-        f"risk {risk:.4f} <= break-even {break_even:.4f}: acting ({act_cost:.0f} GPU-s) "
-        f"costs more than the expected loss ({loss:.0f} GPU-s)",
+        f"risk {risk:.4f} <= break-even {break_even:.4f}: acting ({acting:.0f} GPU-s"
+        f"{with_cordon}) costs more than the expected loss ({loss:.0f} GPU-s)",
     )
 
 

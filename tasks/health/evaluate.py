@@ -15,6 +15,10 @@ episode. Definitions:
   class too (an alarm has no class until matched, so precision is one figure over all);
 * **false alarms per 1000 device-days**: incident segments count theirs directly,
   background segments stand for the split's healthy device-time by their weight;
+* a **cordon hold** (``hold_s``, 0 by default): the monitor's action cordons the device and
+  empties it, so an episode that begins while an earlier acted-on episode's cordon still
+  stands (within ``hold_s`` of its start, same segment) moves nothing: it joins that
+  incident (tasks.remediation.steps.open_incident) and is not ``acted``;
 * **PR-AUC**: average precision of the per-window risk against "fails within the
   horizon", windows weighted by the population they stand for;
 * **alert rate**: the population share of windows in alarm (what the random baseline
@@ -104,8 +108,9 @@ class AlarmEpisodes:
     """The alarms of a model on a split as the monitor raises them (one per episode), and
     which failures they caught. Per episode: its device, when it was raised (the end of
     its first window), how many population episodes it stands for (a background episode:
-    its window's weight; else 1), whether it is true, whether it is background. Per
-    failure of the split (its order): detected, and the lead time (NaN when missed)."""
+    its window's weight; else 1), whether it is true, whether it is background, whether it
+    was acted on (not under the cordon of an earlier one). Per failure of the split (its
+    order): detected, and the lead time (NaN when missed)."""
 
     ordinal: np.ndarray
     start_s: np.ndarray
@@ -114,6 +119,22 @@ class AlarmEpisodes:
     background: np.ndarray
     detected: np.ndarray
     lead_s: np.ndarray
+    acted: np.ndarray
+
+
+def held(seg: np.ndarray, start_s: np.ndarray, hold_s: float) -> np.ndarray:
+    """Per episode (in time order within each segment): acted on, i.e. not starting within
+    ``hold_s`` of the last acted-on episode of its segment (whose cordon still stands)."""
+    acted = np.ones(len(seg), bool)
+    if hold_s <= 0:
+        return acted
+    last_seg, last_s = -1, -math.inf
+    for i in range(len(seg)):
+        if seg[i] == last_seg and start_s[i] - last_s < hold_s:
+            acted[i] = False
+        else:
+            last_seg, last_s = seg[i], start_s[i]
+    return acted
 
 
 def alarm_episodes(
@@ -122,12 +143,15 @@ def alarm_episodes(
     threshold: float,
     horizon_s: float,
     lead_min_s: float = DEFAULT_LEAD_MIN_S,
+    hold_s: float = 0.0,
 ) -> AlarmEpisodes:
     """The episodes of ``scores >= threshold`` with their times (see the module doc)."""
     if len(scores) != split.n_windows:
         raise ValueError(f"{len(scores)} scores for {split.n_windows} windows")
     if not lead_min_s < horizon_s:
         raise ValueError(f"lead_min_s ({lead_min_s}) must be below horizon_s ({horizon_s})")
+    if not (isinstance(hold_s, int | float) and 0 <= hold_s < math.inf):
+        raise ValueError(f"hold_s must be a finite number of seconds >= 0, got {hold_s!r}")
     alarm = np.asarray(scores, dtype=np.float64) >= threshold
     is_bg = split.seg_kind[split.seg] == 1
     in_window = (split.ttf_s >= lead_min_s) & (split.ttf_s <= horizon_s)
@@ -158,6 +182,7 @@ def alarm_episodes(
         background=ep_bg,
         detected=detected,
         lead_s=lead,
+        acted=held(split.seg[starts], split.t_end_s[starts], hold_s),
     )
 
 

@@ -90,20 +90,25 @@ class SplitFacts:
 
 @dataclass(frozen=True)
 class ActCosts:
-    """GPU-seconds per alarm episode (G x (C + M)) and per missed failure (G x (T/2 + R))."""
+    """GPU-seconds per alarm episode (G x (C + M)), per missed failure (G x (T/2 + R)) and
+    per false alarm's cordon (K, tasks.health.decision)."""
 
     per_alarm_gpu_s: float
     per_failure_gpu_s: float
+    per_false_alarm_gpu_s: float = 0.0
 
     @classmethod
-    def reference(cls) -> ActCosts:
-        """The reference job of tasks.health.champion, priced as decision_cost prices it."""
+    def reference(cls, defaults: Any = None) -> ActCosts:
+        """The reference job of tasks.health.champion, priced as decision_cost prices it
+        (``defaults``: a decision.CostDefaults, for its cordon cost)."""
         from gpuflow.tasks.health.champion import reference_costs
 
-        job = reference_costs().jobs[0]
+        costs = reference_costs(defaults)
+        job = costs.jobs[0]
         return cls(
             job.gang_gpus * (job.checkpoint_save_s + job.relaunch_s),
             job.gang_gpus * ((job.checkpoint_every_s or 0.0) / 2.0 + job.restart_s),
+            costs.cordon_gpu_s,
         )
 
 
@@ -137,11 +142,13 @@ def device_rows(facts: SplitFacts, runs: Mapping[str, ModelRun]) -> np.ndarray:
             hit = ep.detected & (facts.fail_kind == c)
             np.add.at(out[:, at[f"{m}:detected:{c}"]], f_rows[hit], 1.0)
         e_rows = rows(ep.ordinal)
-        true_fg = ep.true & ~ep.background
+        # Only episodes acted on (not under an earlier one's cordon: evaluate.py).
+        true_fg = ep.acted & ep.true & ~ep.background
+        false = ep.acted & ~ep.true
         np.add.at(out[:, at[f"{m}:true_alarms"]], e_rows[true_fg], 1.0)
-        np.add.at(out[:, at[f"{m}:false_alarms"]], e_rows[~ep.true], ep.weight[~ep.true])
-        np.add.at(out[:, at[f"{m}:alarms_sampled"]], e_rows[true_fg | ~ep.true], 1.0)
-        np.add.at(out[:, at[f"{m}:false_sampled"]], e_rows[~ep.true], 1.0)
+        np.add.at(out[:, at[f"{m}:false_alarms"]], e_rows[false], ep.weight[false])
+        np.add.at(out[:, at[f"{m}:alarms_sampled"]], e_rows[true_fg | false], 1.0)
+        np.add.at(out[:, at[f"{m}:false_sampled"]], e_rows[false], 1.0)
         p = np.asarray(run.risk, dtype=np.float64)
         y = np.asarray(run.label, dtype=np.float64)
         np.add.at(out[:, at[f"{m}:w"]], w_rows, w)
@@ -175,7 +182,11 @@ def figures(
         alarms = col(f"{model}:true_alarms") + col(f"{model}:false_alarms")
         out["precision"] = col(f"{model}:true_alarms") / alarms
         out["fa_per_1000_dd"] = col(f"{model}:false_alarms") / dd * 1000.0
-        saved_s = detected * costs.per_failure_gpu_s - alarms * costs.per_alarm_gpu_s
+        saved_s = (
+            detected * costs.per_failure_gpu_s
+            - alarms * costs.per_alarm_gpu_s
+            - col(f"{model}:false_alarms") * costs.per_false_alarm_gpu_s
+        )
         out["net_saved_gpu_h_per_1000_dd"] = saved_s / 3600.0 / dd * 1000.0
         w = col(f"{model}:w")
         out["brier"] = col(f"{model}:wse") / w
@@ -332,10 +343,12 @@ def split_facts(split: Any, devices: np.ndarray) -> SplitFacts:
     )
 
 
-def model_run(split: Any, risk: np.ndarray, threshold: float, horizon_s: float) -> ModelRun:
-    """A model's episodes at ``threshold`` and its risks judged at ``horizon_s``."""
-    from gpuflow.tasks.health.evaluate import alarm_episodes
+def model_run(
+    split: Any, risk: np.ndarray, threshold: float, horizon_s: float, hold_s: float = 0.0
+) -> ModelRun:
+    """A model's episodes at ``threshold`` (cordons standing ``hold_s``) and its risks
+    judged at ``horizon_s``."""
+    from gpuflow.tasks.health.evaluate import DEFAULT_LEAD_MIN_S, alarm_episodes
 
-    return ModelRun(
-        alarm_episodes(split, risk, threshold, horizon_s), np.asarray(risk), split.labels(horizon_s)
-    )
+    ep = alarm_episodes(split, risk, threshold, horizon_s, DEFAULT_LEAD_MIN_S, hold_s)
+    return ModelRun(ep, np.asarray(risk), split.labels(horizon_s))

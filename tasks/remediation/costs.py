@@ -84,7 +84,11 @@ class FleetCosts:
         placed = self._on_device.get((node, index), [])
         jobs = tuple(self.job_costs(job) for job, _ in placed)
         room = all(self.room_for(unit, len(job.resource_ids)) for job, unit in placed)
-        return DeviceCosts(jobs=jobs, room_elsewhere=room if placed else None)
+        return DeviceCosts(
+            jobs=jobs,
+            room_elsewhere=room if placed else None,
+            cordon_gpu_s=self.defaults.cordon_gpu_s(),
+        )
 
     def room_for(self, unit: Unit, gang: int) -> bool:
         """Enough free (or spare) units of this kind to move a gang of ``gang`` now."""

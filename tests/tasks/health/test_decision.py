@@ -171,3 +171,33 @@ def test_most_urgent_of_several_horizons() -> None:
     assert most_urgent([long, decide(0.9, 1800.0, costs)]).action == DRAIN
     with pytest.raises(ValueError):
         most_urgent([])
+
+
+def test_a_priced_cordon_raises_the_break_even_to_a_plus_k_over_f_plus_k() -> None:
+    base = on(job(since_s=HOUR))
+    d0 = decide(0.0, 1800.0, base)
+    a, f = d0.act_cost_gpu_s, d0.failure_cost_gpu_s
+    k = CostDefaults(cordon_hold_s=4 * HOUR, cordon_price=0.5).cordon_gpu_s()
+    assert k == 2 * HOUR
+    priced = DeviceCosts(jobs=base.jobs, room_elsewhere=True, cordon_gpu_s=k)
+    assert break_even(priced) == pytest.approx((a + k) / (f + k), 1e-5)
+    assert break_even(priced) > break_even(base)
+    # Between the two break-evens the priced cordon turns an action into watching.
+    risk = (break_even(base) + break_even(priced)) / 2
+    assert decide(risk, 1800.0, base).action == ACT
+    watched = decide(risk, 1800.0, priced)
+    assert watched.action == WATCH and "the cordon's" in watched.why
+    assert watched.cordon_gpu_s == k
+    # An idle device has nothing to save: its cordon is not weighed.
+    idle = decide(0.5, 1800.0, DeviceCosts(jobs=(), room_elsewhere=True, cordon_gpu_s=k))
+    assert idle.action == WATCH and idle.break_even_risk is None and idle.cordon_gpu_s == 0
+
+
+def test_cordon_costs_are_checked_and_name_the_field() -> None:
+    assert CostDefaults.of({"cordon_hold_s": 600, "cordon_price": 1}).cordon_gpu_s() == 600.0
+    with pytest.raises(ValueError, match="cordon_price"):
+        CostDefaults(cordon_price=1.5)
+    with pytest.raises(ValueError, match="cordon_hold_s"):
+        CostDefaults.of({"cordon_hold_s": -1})
+    with pytest.raises(ValueError, match="cordon_gpu_s"):
+        DeviceCosts(cordon_gpu_s=float("nan"))

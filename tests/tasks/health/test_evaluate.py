@@ -113,3 +113,29 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError):
         random_threshold_for(1.5)
     assert random_threshold_for(0.25) == 0.75
+
+
+def test_a_cordon_hold_acts_once_per_device_until_it_lapses() -> None:
+    """Background segment 2 flickers: episodes start at t=50300, 50900, 51500 and 52700.
+    A 1,000-s cordon from the first covers the second; the third starts after it lapsed
+    and is acted on; the fourth starts 1,200 s after the third, past its cordon too."""
+    from gpuflow.tasks.health.champion import decision_cost
+    from gpuflow.tasks.health.evaluate import alarm_episodes
+
+    sp = make_split()
+    scores = np.zeros(30)
+    scores[[20, 22, 24, 28]] = 0.9  # background windows ending 50300, 50900, 51500, 52700
+    scores[0] = 0.9  # segment 0: its own device, its own cordon
+    ep = alarm_episodes(sp, scores, 0.5, 3600.0, hold_s=1000.0)
+    assert ep.start_s.tolist() == [300.0, 50_300.0, 50_900.0, 51_500.0, 52_700.0]
+    assert ep.acted.tolist() == [True, True, False, True, True]
+    assert alarm_episodes(sp, scores, 0.5, 3600.0).acted.all()  # no hold: every one moves
+    # A hold that covers the whole segment: one move in it (each standing for 100).
+    one = alarm_episodes(sp, scores, 0.5, 3600.0, hold_s=10_000.0)
+    assert one.acted.tolist() == [True, True, False, False, False]
+    # The cost counts acted episodes only: 4 x 100 background moves without a hold, 1 x 100.
+    free = decision_cost("m", sp, scores, 3600.0, threshold=0.5)
+    held = decision_cost("m", sp, scores, 3600.0, threshold=0.5, hold_s=10_000.0)
+    assert free.alarms == pytest.approx(401.0) and held.alarms == pytest.approx(101.0)
+    with pytest.raises(ValueError, match="hold_s"):
+        alarm_episodes(sp, scores, 0.5, 3600.0, hold_s=-1.0)

@@ -24,6 +24,7 @@ def episodes(ordinal, true, weight=None, background=None, detected=()) -> AlarmE
         background=np.zeros(n, bool) if background is None else np.asarray(background, bool),
         detected=np.asarray(detected, dtype=bool),
         lead_s=np.zeros(len(detected)),
+        acted=np.ones(n, bool),
     )
 
 
@@ -196,3 +197,60 @@ def test_bench_rows_agree_with_evaluate_and_the_cost_rule(tiny_history, tiny_out
             assert row["precision"]["mean"] == pytest.approx(e["precision"])
     assert s.table["oracle"]["recall"]["mean"] >= s.table["rules"]["recall"]["mean"]
     assert s.table["oracle"]["brier"]["mean"] == 0.0
+
+
+def test_a_priced_cordon_charges_acted_false_alarms_only() -> None:
+    """tiny(): the background false alarm (standing for 3) costs its cordon K each; an
+    episode under an earlier one's cordon (not acted) is neither an alarm nor a cost."""
+    facts, runs = tiny()
+    cols = u.columns(["m"])
+    priced = u.ActCosts(per_alarm_gpu_s=100.0, per_failure_gpu_s=1000.0, per_false_alarm_gpu_s=50)
+    f = u.figures(u.device_rows(facts, runs).sum(axis=0), cols, "m", priced)
+    # 1 x 1000 - 4 x 100 - 3 x 50 = 450 GPU-s over 2 device-days
+    assert float(f["net_saved_gpu_h_per_1000_dd"]) == pytest.approx(450.0 / 3600.0 / 2.0 * 1000.0)
+    ep = runs["m"].episodes
+    joined = AlarmEpisodes(**{**ep.__dict__, "acted": np.array([True, False])})
+    rows = u.device_rows(facts, {"m": u.ModelRun(joined, runs["m"].risk, runs["m"].label)})
+    g = u.figures(rows.sum(axis=0), cols, "m", priced)
+    assert float(g["fa_per_1000_dd"]) == 0.0 and float(g["precision"]) == 1.0
+    assert float(g["net_saved_gpu_h_per_1000_dd"]) == pytest.approx(900.0 / 3600.0 / 2.0 * 1000.0)
+
+
+def test_reference_costs_carry_the_cordon_price() -> None:
+    from gpuflow.tasks.health.decision import CostDefaults
+
+    c = u.ActCosts.reference(CostDefaults(cordon_hold_s=7200.0, cordon_price=0.25))
+    assert c.per_false_alarm_gpu_s == 1800.0
+    assert u.ActCosts.reference().per_false_alarm_gpu_s == 0.0
+
+
+def test_bench_rows_under_a_priced_cordon_agree_with_the_cost_rule(
+    tiny_history, tiny_outcome
+) -> None:
+    """The cordon sweep's rows: thresholds at (A + K) / (F + K), episodes under a standing
+    cordon not acted on, K per false alarm - as champion.decision_cost prices them."""
+    from gpuflow.tasks.health.champion import decision_cost, decision_threshold, reference_costs
+    from gpuflow.tasks.health.decision import CostDefaults
+    from gpuflow.tasks.health.pipeline import score_split
+
+    from gpuflow.bench.health_bench import MODELS, seed_rows
+
+    d = CostDefaults(cordon_hold_s=4 * 3600.0, cordon_price=0.5)
+    costs = reference_costs(d)
+    s = u.study([seed_rows(tiny_history, tiny_outcome, d)], MODELS, u.ActCosts.reference(d), 50)
+    free = u.study([seed_rows(tiny_history, tiny_outcome)], MODELS, resamples=50)
+    test = tiny_history.splits["test"]
+    for m in ("rules", "gbt", "lstm"):
+        h = tiny_outcome.horizons[m]
+        t = 0.5 if m == "rules" else decision_threshold(h, costs)
+        if m != "rules":
+            assert t > decision_threshold(h)
+        r = score_split(tiny_outcome.model(m), test)
+        cost = decision_cost(m, test, r, h, costs=costs, threshold=t, hold_s=d.cordon_hold_s)
+        assert s.table[m]["net_saved_gpu_h_per_1000_dd"]["mean"] == pytest.approx(
+            cost.saved_gpu_h_per_1000_dd
+        )
+    # The rules alarm the same; held, they move no more often than unheld.
+    assert (
+        s.table["rules"]["fa_per_1000_dd"]["mean"] <= free.table["rules"]["fa_per_1000_dd"]["mean"]
+    )

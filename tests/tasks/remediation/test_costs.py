@@ -89,6 +89,16 @@ def test_a_jobs_own_numbers_are_used_and_their_sources_named(fleet) -> None:
     assert decide(0.5, 1800.0, idle).action == "watch"
 
 
+def test_the_clusters_cordon_cost_reaches_every_device(fleet) -> None:
+    _, inv, clock = fleet
+    priced = FleetCosts(inv, CostDefaults(cordon_hold_s=7200.0, cordon_price=0.5), now=clock)
+    assert priced("a100-0", 0).cordon_gpu_s == 3600.0
+    assert FleetCosts(inv, now=clock)("a100-0", 0).cordon_gpu_s == 0.0
+    # Priced, the same gang is acted on only at a higher risk.
+    unpriced_be = decide(0.0, 1800.0, FleetCosts(inv, now=clock)("a100-0", 0)).break_even_risk
+    assert decide(0.0, 1800.0, priced("a100-0", 0)).break_even_risk > unpriced_be
+
+
 def test_no_room_anywhere_is_seen(fleet) -> None:
     _, inv, clock = fleet
     inv.set_node_role("a100-spare-0", "active")
