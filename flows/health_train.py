@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuflow.tasks.health.baselines import GbtConfig
+from gpuflow.tasks.health.decision import CostDefaults
 from gpuflow.tasks.health.evaluate import DEFAULT_LEAD_MIN_S, DEFAULT_THRESHOLD
 from gpuflow.tasks.health.history import HistoryConfig
 from gpuflow.tasks.health.model import CHAMPION_ALIAS, EXPERIMENT, REGISTERED_MODEL, TrainConfig
@@ -44,10 +45,14 @@ def health_train(
     model_name: str = REGISTERED_MODEL,
     alias: str = CHAMPION_ALIAS,
     experiment: str = EXPERIMENT,
+    costs: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate and register the health model. ``quick``: a small fleet and a tiny
-    LSTM (seconds), for tests and demos; explicit configs win over it."""
+    LSTM (seconds), for tests and demos; explicit configs win over it. ``costs``: overrides
+    of tasks.health.decision.CostDefaults (the monitor's own, e.g. a cordon's hold and
+    price), by which the champion is chosen."""
     logger = get_run_logger()
+    cost_defaults = CostDefaults.of(costs)  # a bad cost is refused before any work
     history = history or (HistoryConfig.small() if quick else HistoryConfig())
     training = training or (TrainConfig.small() if quick else TrainConfig())
     gbt = gbt or (GbtConfig(max_iter=50) if quick else GbtConfig())
@@ -71,6 +76,7 @@ def health_train(
         lead_min_s=lead_min_s,
         history=fleet_history,
         progress=progress,
+        costs=cost_defaults,
     )
     outcome.history_cached = cached
     recorded = log_outcome_task(

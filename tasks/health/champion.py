@@ -142,12 +142,17 @@ def cost_table(
     split: SplitData,
     risks: dict[str, np.ndarray],
     lead_min_s: float = DEFAULT_LEAD_MIN_S,
+    defaults: CostDefaults | None = None,
 ) -> list[CostResult]:
-    """Every candidate at every one of its horizons; ``risks[name]`` is [n, H]."""
+    """Every candidate at every one of its horizons; ``risks[name]`` is [n, H];
+    ``defaults``: the cluster's costs (its cordon's hold and price included)."""
+    costs = reference_costs(defaults)
+    hold = defaults.cordon_hold_s if defaults is not None else 0.0
     out = []
     for name, model in candidates.items():
         for j, h in enumerate(model.horizons_s):
-            out.append(decision_cost(name, split, risks[name][:, j], h, lead_min_s))
+            r = risks[name][:, j]
+            out.append(decision_cost(name, split, r, h, lead_min_s, costs, hold_s=hold))
     return out
 
 

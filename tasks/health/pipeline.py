@@ -42,7 +42,9 @@ from gpuflow.tasks.health.champion import (
     champion_of,
     cost_table,
     decision_threshold,
+    reference_costs,
 )
+from gpuflow.tasks.health.decision import CostDefaults
 from gpuflow.tasks.health.evaluate import (
     DEFAULT_LEAD_MIN_S,
     DEFAULT_THRESHOLD,
@@ -139,6 +141,7 @@ class TrainingOutcome:
     test_costs: list[CostResult] = field(default_factory=list)
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)  # test, per model
     calibration_split: str = ""
+    costs: CostDefaults = field(default_factory=CostDefaults)  # what the champion was chosen by
 
     def model(self, name: str) -> Any:
         return {"lstm": self.lstm, "gbt": self.gbt, "rules": self.rules}[name]
@@ -220,6 +223,7 @@ def train_and_evaluate(
     cache: bool = True,
     history: History | None = None,
     progress: Progress | None = None,
+    costs: CostDefaults | None = None,
 ) -> TrainingOutcome:
     """History (cached under GPUFLOW_HOME) -> LSTM + GBT -> the champion by cost on val ->
     test-split evaluation of every model and baseline (see the module doc)."""
@@ -264,12 +268,13 @@ def train_and_evaluate(
         timings["score"] = time.perf_counter() - t
     say("choosing the champion by cost", 0.85)
     t = time.perf_counter()
-    val_costs = cost_table(models, val, val_risks, lead_min_s)
+    costs = costs or CostDefaults()
+    val_costs = cost_table(models, val, val_risks, lead_min_s, costs)
     horizons = {k: r.horizon_s for k, r in best_by_model(val_costs).items()}
     for k, m in models.items():
         m.use_horizon(horizons[k])
     champion = champion_of(val_costs).model
-    test_costs = cost_table(models, test, test_risks, lead_min_s)
+    test_costs = cost_table(models, test, test_risks, lead_min_s, costs)
 
     def at(name: str) -> np.ndarray:
         return test_risks[name][:, models[name].horizons_s.index(horizons[name])]
@@ -282,7 +287,7 @@ def train_and_evaluate(
         h = horizons[name]
         j = models[name].horizons_s.index(h)
         thresholds[name] = tune_threshold(val, val_risks[name][:, j], h, lead_min_s)[0]
-        thresholds[f"{name}_cost"] = decision_threshold(h)
+        thresholds[f"{name}_cost"] = decision_threshold(h, reference_costs(costs))
         at_threshold[name] = evaluate_scores(name, test, at(name), threshold, h, lead_min_s)
         tuned[name] = evaluate_scores(name, test, at(name), thresholds[name], h, lead_min_s)
         at_cost[name] = evaluate_scores(
@@ -333,6 +338,7 @@ def train_and_evaluate(
         calibration_split="cal (half of val's nodes)"
         if carved
         else "val (too few failures to halve)",
+        costs=costs,
     )
 
 
@@ -361,13 +367,15 @@ def log_outcome(
     client = MlflowClient(uri, registry_uri=uri)
     champ = outcome.champion_model
     champ_h = outcome.horizons.get(outcome.champion, champ.horizon_s)
-    champ_t = decision_threshold(champ_h) if outcome.champion != "rules" else 0.5
+    champ_costs = reference_costs(outcome.costs)
+    champ_t = decision_threshold(champ_h, champ_costs) if outcome.champion != "rules" else 0.5
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or "health-train") as run:
         run_id = run.info.run_id
         params = {
             **flat_params("history.", outcome.history_config.model_dump(mode="json")),
             **flat_params("train.", outcome.train_config.to_dict()),
             **flat_params("gbt.", outcome.gbt_config.to_dict()),
+            **flat_params("costs.", outcome.costs.to_dict()),
             "monitor_threshold": str(outcome.thresholds["monitor"]),
             "horizons_s": json.dumps(list(HORIZONS_S)),
         }

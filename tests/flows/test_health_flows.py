@@ -105,6 +105,9 @@ def test_health_train_flow_without_registering() -> None:
     )
     assert "registry_uri" not in result and result["run_id"]
     assert result["summary"]["test_at_monitor_threshold"]["oracle"]["recall"] == 1.0
+    # A bad cost is refused, naming it, before the history is even loaded.
+    with pytest.raises(ValueError, match="cordon_price"):
+        health_train(history=TINY_HISTORY, training=TINY_TRAIN, costs={"cordon_price": 2.0})
 
 
 def test_monitor_with_rules_and_bad_parameters() -> None:

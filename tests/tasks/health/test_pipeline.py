@@ -129,3 +129,23 @@ def test_score_split_batches(tiny_outcome, tiny_history) -> None:
     sp = tiny_history.splits["test"]
     full = tiny_outcome.lstm.predict_risk(sp.windows())
     assert np.allclose(score_split(tiny_outcome.lstm, sp, batch=1000), full, atol=1e-6)
+
+
+def test_a_priced_cordon_raises_every_candidates_threshold(tiny_outcome, tiny_history) -> None:
+    """The champion is chosen by the cluster's costs: priced cordons move every learned
+    candidate's threshold up to (A + K) / (F + K) and cost each false alarm K more."""
+    from gpuflow.tasks.health.champion import cost_table
+    from gpuflow.tasks.health.decision import CostDefaults
+    from gpuflow.tasks.health.pipeline import score_split_all
+
+    val = tiny_history.splits["val"]
+    models = {m: tiny_outcome.model(m) for m in ("rules", "gbt", "lstm")}
+    risks = {m: score_split_all(x, val) for m, x in models.items()}
+    free = cost_table(models, val, risks)
+    dear = cost_table(
+        models, val, risks, defaults=CostDefaults(cordon_hold_s=86_400.0, cordon_price=1.0)
+    )
+    for a, b in zip(free, dear, strict=True):
+        assert (a.model, a.horizon_s) == (b.model, b.horizon_s)
+        assert b.threshold > 5 * a.threshold
+    assert tiny_outcome.costs == CostDefaults()  # chosen by the defaults unless told
