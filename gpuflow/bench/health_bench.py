@@ -18,10 +18,10 @@
    costs (tasks.health.decision): how long it holds a device acted on (episodes under it
    move nothing) and the share of that time the device would have run work; each learned
    model's net saved minus the rules' with a paired interval, and the crossover.
-Quick: 48-node x 60-day fleets, 2 seeds, 3 sweep settings of 1 seed, 3 cordon settings (a
-smoke run, about 1.5 min); full: 96 x 120 days, 3 seeds, 4 settings x 2 seeds, 7 cordon
-settings. Recorded in MLflow
-(experiment gpuflow-health, run bench-health: the first seed's models and plots, every
+Quick: 48-node x 60-day fleets, 2 seeds, 3 sweep settings of 1 seed, 3 cordon settings, the
+small LSTM (a smoke run, about 1.5 min); full: 96 x 120 days, 3 seeds, 4 settings x 2 seeds,
+7 cordon settings, the LSTM as health_train ships it. Recorded in MLflow (experiment
+gpuflow-health, run bench-health: the first seed's models and plots, every
 CI figure as a metric, the whole result as evaluation/health_ci.json).
 """
 
@@ -297,13 +297,16 @@ class Plan:
     resamples: int
     gbt_max_iter: int
     cordon: tuple[str, ...] = QUICK_CORDON
+    lstm_small: bool = True  # TrainConfig.small() (a smoke run) or the shipped default
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:  # a smoke run: small fleets, few seeds, wide intervals
             return cls({"nodes": 48, "days": 60.0}, (1, 2), (1,), QUICK_NOISE, 300, 50)
         every = tuple(n for n, *_ in CORDON_SETTINGS)
-        return cls({}, (1, 2, 3), (1, 2), tuple(n for n, *_ in NOISE_SETTINGS), 1000, 150, every)
+        noise = tuple(n for n, *_ in NOISE_SETTINGS)
+        # The LSTM as health_train ships it (TrainConfig()), beside the shipped GBT.
+        return cls({}, (1, 2, 3), (1, 2), noise, 1000, 150, every, lstm_small=False)
 
 
 def _versus_rules(st: Any) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
@@ -331,7 +334,7 @@ def run_uncertainty(
     from gpuflow.tasks.health.history import HistoryConfig
 
     plan = plan or Plan.of(quick)
-    tc = TrainConfig.small()
+    tc = TrainConfig.small() if plan.lstm_small else TrainConfig()
     gc = GbtConfig(max_iter=plan.gbt_max_iter)
     size, main_seeds, sweep_seeds, resamples = (
         plan.size,
@@ -398,7 +401,8 @@ def run_uncertainty(
             "main": f"{main.seeds} history seeds ({', '.join(map(str, main_seeds))}), "
             f"{main.devices} test devices, {main.device_days:.0f} device-days, "
             f"{main.failures} failures; HistoryConfig.small({size or ''}), "
-            f"TrainConfig.small(), GbtConfig(max_iter={gc.max_iter})",
+            f"TrainConfig({'small' if plan.lstm_small else 'default'}: hidden {tc.hidden}, "
+            f"{tc.epochs} epochs), GbtConfig(max_iter={gc.max_iter})",
             "sweep": f"{len(sweep_seeds)} history seed(s) per setting",
             "resamples": str(resamples),
             "operating points": "gbt, lstm: the cost rule's break-even risk at their chosen "
