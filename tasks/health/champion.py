@@ -119,9 +119,8 @@ def decision_cost(
     act = job.gang_gpus * (job.checkpoint_save_s + job.relaunch_s)
     period = job.checkpoint_every_s or 0.0
     miss = job.gang_gpus * (period / 2.0 + job.restart_s)
-    # As evaluate.py counts them: a true episode in a background segment is neither.
-    false = float(ep.weight[ep.acted & ~ep.true].sum())
-    alarms = float((ep.acted & ep.true & ~ep.background).sum()) + false
+    false = float(ep.weight[ep.false_moves].sum())
+    alarms = float(ep.true_moves.sum()) + false
     failures, detected = float(len(split.fail_s)), float(ep.detected.sum())
     cost = alarms * act + false * costs.cordon_gpu_s + (failures - detected) * miss
     per = 1000.0 / split.device_days / 3600.0 if split.device_days > 0 else float("nan")

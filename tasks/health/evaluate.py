@@ -121,6 +121,17 @@ class AlarmEpisodes:
     lead_s: np.ndarray
     acted: np.ndarray
 
+    @property
+    def true_moves(self) -> np.ndarray:
+        """Acted-on episodes that caught a failure. A true episode in a background segment
+        (a failure days after the sampled stretch) counts as neither true nor false."""
+        return self.acted & self.true & ~self.background
+
+    @property
+    def false_moves(self) -> np.ndarray:
+        """Acted-on episodes that caught none (each standing for its weight)."""
+        return self.acted & ~self.true
+
 
 def held(seg: np.ndarray, start_s: np.ndarray, hold_s: float) -> np.ndarray:
     """Per episode (in time order within each segment): acted on, i.e. not starting within
@@ -202,9 +213,9 @@ def evaluate_scores(
     y = split.labels(horizon_s)
     alarm = scores >= threshold
     ep = alarm_episodes(split, scores, threshold, horizon_s, lead_min_s)
-    true_alarms = int((ep.true & ~ep.background).sum())
-    false_alarms = float(ep.weight[~ep.true].sum())
-    false_alarms_sampled = int((~ep.true).sum())
+    true_alarms = int(ep.true_moves.sum())
+    false_alarms = float(ep.weight[ep.false_moves].sum())
+    false_alarms_sampled = int(ep.false_moves.sum())
     detected, lead = ep.detected, ep.lead_s
     n_fail = len(split.fail_s)
 

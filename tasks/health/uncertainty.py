@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 from gpuflow.tasks.health.calibration import BIN_EDGES
+from gpuflow.tasks.health.decision import CostDefaults
 from gpuflow.tasks.health.evaluate import CLASSES, AlarmEpisodes
 from gpuflow.tasks.remediation.downtime_sim import percentile_interval, resample_totals
 
@@ -98,9 +99,9 @@ class ActCosts:
     per_false_alarm_gpu_s: float = 0.0
 
     @classmethod
-    def reference(cls, defaults: Any = None) -> ActCosts:
+    def reference(cls, defaults: CostDefaults | None = None) -> ActCosts:
         """The reference job of tasks.health.champion, priced as decision_cost prices it
-        (``defaults``: a decision.CostDefaults, for its cordon cost)."""
+        (with the defaults' cordon cost)."""
         from gpuflow.tasks.health.champion import reference_costs
 
         costs = reference_costs(defaults)
@@ -142,9 +143,7 @@ def device_rows(facts: SplitFacts, runs: Mapping[str, ModelRun]) -> np.ndarray:
             hit = ep.detected & (facts.fail_kind == c)
             np.add.at(out[:, at[f"{m}:detected:{c}"]], f_rows[hit], 1.0)
         e_rows = rows(ep.ordinal)
-        # Only episodes acted on (not under an earlier one's cordon: evaluate.py).
-        true_fg = ep.acted & ep.true & ~ep.background
-        false = ep.acted & ~ep.true
+        true_fg, false = ep.true_moves, ep.false_moves  # acted on (evaluate.py)
         np.add.at(out[:, at[f"{m}:true_alarms"]], e_rows[true_fg], 1.0)
         np.add.at(out[:, at[f"{m}:false_alarms"]], e_rows[false], ep.weight[false])
         np.add.at(out[:, at[f"{m}:alarms_sampled"]], e_rows[true_fg | false], 1.0)

@@ -158,7 +158,8 @@ def device_rows(
             continue
         ep_rows = np.array([row_of[int(o)] for o in ep.ordinal], dtype=np.int64)
         np.add.at(out[:, at[f"{name}:planned"]], ep_rows, ep.weight * per_alarm)
-        np.add.at(out[:, at[f"{name}:false_alarms"]], ep_rows[~ep.true], ep.weight[~ep.true])
+        false = ep.false_moves
+        np.add.at(out[:, at[f"{name}:false_alarms"]], ep_rows[false], ep.weight[false])
     return out, cols
 
 
