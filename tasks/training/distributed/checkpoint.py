@@ -50,6 +50,7 @@ from gpuflow.tasks.training.checkpoint import (
 from gpuflow.tasks.training.parallel import OnCommit
 from gpuflow.tasks.training.state import MODEL, OPTIMIZER, extra_state, restore_extra
 from gpuflow.tasks.training.storage import StorageError
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -113,14 +114,14 @@ class DcpCheckpointer:
         started = time.perf_counter()
         state = self._tensors(w)
         if blocking:
-            written = dcp.save(state, checkpoint_id=folder)
+            dcp.save(state, checkpoint_id=folder)
         else:
             future = dcp.async_save(state, checkpoint_id=folder, process_group=self.async_group)
         self.stalls_s.append(time.perf_counter() - started)
         if self.rank == 0:
             torch.save(extra_state(w, step), folder / EXTRA_FILE)
         if blocking:
-            self._commit(step, folder, written, meta)
+            self._commit(step, folder, meta)
         else:
             committed = threading.Event()
             errors: list[BaseException] = []
@@ -132,7 +133,8 @@ class DcpCheckpointer:
             # training group's collectives meanwhile are another group's.
             def commit_when_written(done: Future) -> None:
                 try:
-                    self._commit(step, folder, done.result(), meta)
+                    done.result()  # the save's own error, if any, first
+                    self._commit(step, folder, meta)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by flush()
                     errors.append(exc)
                 finally:
@@ -152,16 +154,23 @@ class DcpCheckpointer:
         if errors:
             raise errors[0]
 
-    def _commit(self, step: int, folder: Path, written: Any, meta: dict[str, Any]) -> None:
-        """Every rank uploads the files it wrote; rank 0 commits them all. ``written``: the
-        Metadata DCP's save returned on every rank (it writes .metadata once every rank's
-        shards are written, so the files it names are complete on their nodes)."""
-        shards = sorted({info.relative_path for info in written.storage_data.values()})
-        mine = [n for n in shards if n.startswith(f"__{self.rank}_")]  # DCP's per-rank prefix
-        if self.rank == 0:
-            mine += [METADATA_FILE, EXTRA_FILE]
+    def _commit(self, step: int, folder: Path, meta: dict[str, Any]) -> None:
+        """Every rank uploads the files it wrote; rank 0 commits them all, checked against
+        the list in DCP's .metadata. Called once the save returned on every rank: DCP
+        writes .metadata (rank 0's folder) after every rank's shards are written, so the
+        files are complete on their nodes.
+
+        The lists come from the files, not from the Metadata that save returns: on an
+        H200 with torch 2.11 (scripts/gpu_train_check.py) async_save's Metadata came back
+        without storage_data. .metadata is what a load reads: it is the list of record."""
+        shards: list[str] = []
         entries: dict[str, dict[str, Any]] | str
         try:
+            mine = sorted(p.name for p in folder.glob(f"__{self.rank}_*"))  # DCP's prefix
+            if self.rank == 0:
+                written = FileSystemReader(folder).read_metadata()
+                shards = sorted({info.relative_path for info in written.storage_data.values()})
+                mine += [METADATA_FILE, EXTRA_FILE]
             entries = {n: self.manager.upload_file(step, n, folder / n) for n in mine}
         except Exception as exc:  # noqa: BLE001 - any failure still joins the gather below,
             entries = f"{type(exc).__name__}: {exc}"  # or every other rank would hang in it

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pynvml
 from gpuflow.hardware import nvml as nvml_package
@@ -14,7 +16,18 @@ from gpuflow.hardware.nvml import NvmlBackend
 
 from tests.hardware.nvml.fake_pynvml import FakeNvml
 
-__all__ = ["ENABLE", "NODE", "CallSite", "FakeNvml", "R", "backend", "backend_nvml_calls", "mig_on"]
+__all__ = [
+    "ENABLE",
+    "NODE",
+    "CallSite",
+    "FakeNvml",
+    "R",
+    "backend",
+    "backend_class_on",
+    "backend_nvml_calls",
+    "load_script",
+    "mig_on",
+]
 
 NODE = "gpu-node-1"
 ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
@@ -22,6 +35,29 @@ ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
 def backend(fake: FakeNvml, **kw) -> NvmlBackend:
     return NvmlBackend(node_name=NODE, nvml=fake, **kw)
+
+
+def backend_class_on(fake: FakeNvml) -> type[NvmlBackend]:
+    """NvmlBackend as a script constructs it (no arguments), its NVML the fake."""
+
+    class OnFake(NvmlBackend):
+        def __init__(self) -> None:
+            super().__init__(node_name=NODE, nvml=fake)
+
+        @classmethod
+        def available(cls, nvml=None):
+            return NvmlBackend.available(nvml=fake)
+
+    return OnFake
+
+
+def load_script(name: str) -> Any:
+    """scripts/<name>.py as a module of its own (scripts/ is not a package)."""
+    path = Path(__file__).resolve().parents[3] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def mig_on(fake: FakeNvml, *indexes: int) -> None:

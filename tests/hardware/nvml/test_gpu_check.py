@@ -1,21 +1,22 @@
-"""scripts/gpu_check.py on the NVML fake."""
+"""scripts/gpu_check.py on the NVML fake (and what every GPU script does without NVML)."""
 
 from __future__ import annotations
 
-from gpuflow.hardware.nvml import NvmlBackend
+import pytest
 
-from tests.hardware.nvml.helpers import NODE, FakeNvml, R, backend, mig_on
+from tests.hardware.nvml.helpers import (
+    NODE,
+    FakeNvml,
+    R,
+    backend,
+    backend_class_on,
+    load_script,
+    mig_on,
+)
 
 
 def _load_gpu_check():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "scripts" / "gpu_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_check")
 
 
 def test_gpu_check_reads_everything_and_changes_nothing(monkeypatch, capsys):
@@ -25,18 +26,10 @@ def test_gpu_check_reads_everything_and_changes_nothing(monkeypatch, capsys):
     fake = FakeNvml(["a100-40gb", "v100"])
     mig_on(fake, 0)
 
-    class OnFake(NvmlBackend):
-        def __init__(self):
-            super().__init__(node_name=NODE, nvml=fake)
-
-        @classmethod
-        def available(cls, nvml=None):
-            return NvmlBackend.available(nvml=fake)
-
     # a partition that exists before the check runs
     backend(fake).create_partitions(NODE, 0, [R("3g.20gb")])
     fake.calls.clear()
-    monkeypatch.setattr(mod, "NvmlBackend", OnFake)
+    monkeypatch.setattr(mod, "NvmlBackend", backend_class_on(fake))
     assert mod.main(["--json", "--sleep-s", "0"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ok"] and summary["driver_version"] == fake.driver_version
@@ -56,8 +49,9 @@ def test_gpu_check_reads_everything_and_changes_nothing(monkeypatch, capsys):
     assert "nvmlDeviceGetGpuInstancePossiblePlacements" in fake.calls
 
 
-def test_gpu_check_without_nvml_exits_nonzero(monkeypatch, capsys):
-    mod = _load_gpu_check()
+@pytest.mark.parametrize("script", ["gpu_check", "gpu_train_check"])
+def test_a_gpu_script_without_nvml_exits_2_with_the_reason(script, monkeypatch, capsys):
+    mod = load_script(script)
     monkeypatch.setattr(
         mod.NvmlBackend, "available", classmethod(lambda cls, nvml=None: (False, "no driver here"))
     )
