@@ -12,9 +12,9 @@ For each: single-request latency p50/p99 (one request at a time), pipelined thro
 (2k requests in flight, closed loop), per-hop overhead ((chain p50 - whole p50) / (k-1))
 and the plan's balance (slowest shard / ideal) for the DP split and the equal-operator
 split; each shard's predicted compute against its server's own count, with the chain
-serving alone (as a deployment does) and interleaved with the other configurations. Every server runs onnxruntime with one intra-op thread. Slicing can raise pipelined
-throughput (at most k-fold, bounded by the slowest shard) but adds hops to a single
-request; the seed document's claim for ResNet-152 over 4 nodes (78 ms -> 29 ms) is set
+serving alone (as a deployment does) and interleaved with the other configurations. Every
+server runs onnxruntime with one intra-op thread. Slicing can raise pipelined throughput
+(at most k-fold, bounded by the slowest shard) but adds hops to a single request; the seed document's claim for ResNet-152 over 4 nodes (78 ms -> 29 ms) is set
 against what is measured here (``seed_claim``).
 """
 
