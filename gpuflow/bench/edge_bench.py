@@ -14,8 +14,9 @@ and the plan's balance (slowest shard / ideal) for the DP split and the equal-op
 split; each shard's predicted compute against its server's own count, with the chain
 serving alone (as a deployment does) and interleaved with the other configurations. Every
 server runs onnxruntime with one intra-op thread. Slicing can raise pipelined throughput
-(at most k-fold, bounded by the slowest shard) but adds hops to a single request; the seed document's claim for ResNet-152 over 4 nodes (78 ms -> 29 ms) is set
-against what is measured here (``seed_claim``).
+(at most k-fold, bounded by the slowest shard) but adds hops to a single request; the seed
+document's claim for ResNet-152 over 4 nodes (78 ms -> 29 ms) is set against what is
+measured here (``seed_claim``).
 """
 
 from __future__ import annotations
