@@ -7,6 +7,7 @@ them and holds the verbs of the platform itself: bench, up, join, down, demo.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,15 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _process_defaults() -> None:
+    # A command run without `gpuflow up` gets a temporary Prefect server; with Prefect's
+    # default it sends usage heartbeats (from machines often offline) and prints their
+    # traceback when its SQLite database is busy. `up` and the tour keep it off; so does
+    # every command now, unless the user turned it on.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def _mount_capabilities() -> None:

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ok, why = NvmlBackend.available()
     if not ok:
-        print(json.dumps({"available": False, "reason": why}) if args.json else "", end="")
+        if args.json:
+            print(json.dumps({"available": False, "reason": why}))
         print(f"gpu_train_check: NVML unavailable: {why}", file=sys.stderr)
         return 2
     units, found = nvidia_units(args.gpus)

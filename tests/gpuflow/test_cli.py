@@ -148,3 +148,15 @@ def test_assert_tells_a_mismatch_from_a_failure_and_c_defaults_to_the_only_confi
     monkeypatch.setattr(partition, "assert_plan", broken)
     failed = runner.invoke(app, ["hw", "partition", "assert", "-f", str(one)])
     assert failed.exit_code == 2 and "driver stopped answering" in failed.stderr
+
+
+def test_every_command_keeps_prefect_server_telemetry_off_unless_the_user_turned_it_on(
+    monkeypatch,
+) -> None:
+    """A temporary Prefect server (a command run without `gpuflow up`) inherits this."""
+    monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED", raising=False)
+    assert runner.invoke(app, ["hw", "list", "--json"]).exit_code == 0
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")
+    assert runner.invoke(app, ["hw", "list", "--json"]).exit_code == 0
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
