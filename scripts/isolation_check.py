@@ -4,12 +4,14 @@
     sudo python scripts/isolation_check.py --create 1g.10gb # create two, destroy them after
     python scripts/isolation_check.py --skip-mig --mps      # two MPS clients on one GPU
     python scripts/isolation_check.py --skip-mig --timeslice  # two plain processes, one GPU
+    python scripts/isolation_check.py --skip-mig --mps --fault illegal-address  # an MMU fault
 
 Each experiment starts two tenant processes (this file with ``--worker``), each running a
 loop of small torch matmuls and writing its progress to a status file; once both make
-progress, tenant A is told to raise a fatal CUDA error (an out-of-bounds index on a CUDA
-tensor: a device-side assert in PyTorch's index kernel, which leaves A's CUDA context
-unusable), and tenant B is watched for ``--observe-s`` seconds: it survived if it is still
+progress, tenant A is told to raise a fatal CUDA error (``--fault``: ``assert``, an
+out-of-bounds index on a CUDA tensor, a device-side assert in PyTorch's index kernel that
+leaves A's CUDA context unusable; or ``illegal-address``, a Triton kernel's store 4 TiB past
+its allocation, an MMU fault), and tenant B is watched for ``--observe-s`` seconds: it survived if it is still
 running, reported no error and kept completing matmuls.
 
 * MIG: A and B each pinned to one MIG instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>), from
@@ -47,7 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAULT = "out-of-bounds index on a CUDA tensor (device-side assert in the index kernel)"
+# What tenant A is made to do (--fault). An assert is a trap in A's own kernel; an illegal
+# address is an MMU fault (XID 31), one of the "fatal GPU exceptions" NVIDIA's MPS docs say
+# reach every client of the server.
+FAULTS = {
+    "assert": "out-of-bounds index on a CUDA tensor (device-side assert in the index kernel)",
+    "illegal-address": "a store 4 TiB past a CUDA allocation from a Triton kernel (MMU fault)",
+}
 STATUS_EVERY_S = 0.1
 PROFILE_RE = re.compile(r"^(\d+g\.\d+gb(\+me)?|\d+)$")  # a MIG GPU-instance profile: name or id
 GPU_RE = re.compile(r"^GPU\s+(\d+):\s+(.*?)\s+\(UUID:\s*(GPU-[^)\s]+)\)")
@@ -208,9 +216,13 @@ def read_status(path: Path) -> dict[str, Any]:
         return {"steps": 0, "state": "starting"}
 
 
-def trigger_fault(torch: Any, device: Any) -> None:
-    """Index a tensor far out of bounds: on CUDA a device-side assert (raised at the
-    synchronize), on the CPU an IndexError at once."""
+def trigger_fault(torch: Any, device: Any, kind: str = "assert") -> None:
+    """``assert``: index a tensor far out of bounds: on CUDA a device-side assert (raised at
+    the synchronize), on the CPU an IndexError at once. ``illegal-address``: a store far
+    past a CUDA allocation (CUDA only)."""
+    if kind == "illegal-address":
+        _store_out_of_bounds(torch, device)
+        return
     x = torch.arange(16, device=device, dtype=torch.float32)
     idx = torch.tensor([1 << 20], device=device)
     y = x[idx]
@@ -219,9 +231,25 @@ def trigger_fault(torch: Any, device: Any) -> None:
     float(y.sum())
 
 
+def _store_out_of_bounds(torch: Any, device: Any) -> None:
+    if device.type != "cuda":
+        raise RuntimeError("an illegal-address fault needs a CUDA device")
+    import triton  # PyTorch's CUDA builds bring it
+    import triton.language as tl
+
+    @triton.jit
+    def store_far(ptr):
+        tl.store(ptr + (1 << 40), 1.0)  # 4 TiB past the allocation: unmapped
+
+    x = torch.zeros(1, device=device)
+    store_far[(1,)](x)
+    torch.cuda.synchronize(device)
+
+
 def tenant(folder: Path, name: str, device_name: str, size: int, max_s: float) -> int:
     """A tenant's loop: matmuls until ``stop`` appears; raises the fault when ``fault-<name>``
-    appears. Status in ``<name>.json``: steps, state (running | fault | error | stopped)."""
+    appears (the fault named in it). Status in ``<name>.json``: steps, state (running | fault
+    | error | stopped)."""
     import torch
 
     status, started = folder / f"{name}.json", time.monotonic()
@@ -234,8 +262,8 @@ def tenant(folder: Path, name: str, device_name: str, size: int, max_s: float) -
             if (folder / "stop").exists():
                 write_status(status, steps=steps, state="stopped")
                 return 0
-            if (folder / f"fault-{name}").exists():
-                return _fault(torch, device, status, steps)
+            if (trigger := folder / f"fault-{name}").exists():
+                return _fault(torch, device, status, steps, trigger.read_text() or "assert")
             c = a @ b
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # an error from elsewhere surfaces here
@@ -251,9 +279,9 @@ def tenant(folder: Path, name: str, device_name: str, size: int, max_s: float) -
         return 4
 
 
-def _fault(torch: Any, device: Any, status: Path, steps: int) -> int:
+def _fault(torch: Any, device: Any, status: Path, steps: int, kind: str) -> int:
     try:
-        trigger_fault(torch, device)
+        trigger_fault(torch, device, kind)
     except Exception as e:  # noqa: BLE001 - the fault we asked for
         error = f"{type(e).__name__}: {e}"[:500]
     else:
@@ -311,8 +339,10 @@ def run_pair(
     timing: Timing | None = None,
     device: str = "cuda",
     size: int = 256,
+    fault: str = "assert",
 ) -> dict[str, Any]:
-    """Start tenants A and B, fault A once both run, watch B; the observation as a dict."""
+    """Start tenants A and B, make A raise ``fault`` once both run, watch B; the
+    observation as a dict."""
     t = timing or Timing()
     max_s = t.start_timeout_s + t.warmup_s + t.fault_timeout_s + t.observe_s + 30.0
     with tempfile.TemporaryDirectory(prefix="isolation-") as tmp:
@@ -321,7 +351,7 @@ def run_pair(
             n: _spawn(folder, n, e, device, size, max_s) for n, e in (("a", env_a), ("b", env_b))
         }
         try:
-            return _observe(folder, procs, t)
+            return _observe(folder, procs, t, fault)
         finally:
             (folder / "stop").touch()
             for proc, log in procs.values():
@@ -333,7 +363,7 @@ def run_pair(
                 log.close()
 
 
-def _observe(folder: Path, procs: dict[str, Any], t: Timing) -> dict[str, Any]:
+def _observe(folder: Path, procs: dict[str, Any], t: Timing, fault: str) -> dict[str, Any]:
     def status(n: str) -> dict[str, Any]:
         return read_status(folder / f"{n}.json")
 
@@ -351,7 +381,7 @@ def _observe(folder: Path, procs: dict[str, Any], t: Timing) -> dict[str, Any]:
             + "; ".join(f"{n}: {status(n)} {log_tail(n)!r}" for n in procs)
         )
     time.sleep(t.warmup_s)
-    (folder / "fault-a").touch()
+    (folder / "fault-a").write_text(fault)
     faulted = _wait(
         lambda: status("a")["state"] in ("fault", "error") or procs["a"][0].poll() is not None,
         t.fault_timeout_s,
@@ -379,7 +409,9 @@ def _observe(folder: Path, procs: dict[str, Any], t: Timing) -> dict[str, Any]:
 # -- the experiments ----------------------------------------------------------------------------
 
 
-def check_mig(gpus: list[Gpu], gpu_index: int | None, create: str | None, t: Timing) -> dict:
+def check_mig(
+    gpus: list[Gpu], gpu_index: int | None, create: str | None, t: Timing, fault: str
+) -> dict:
     if create and gpu_index is None:  # the first GPU in MIG mode: where instances can go
         gpu_index = next((g.index for g in gpus if mig_enabled(g.index)), gpus[0].index)
     gpu = pick_gpu(gpus, gpu_index)
@@ -399,7 +431,7 @@ def check_mig(gpus: list[Gpu], gpu_index: int | None, create: str | None, t: Tim
                 "with --gpu, or pass --skip-mig"
             )
         a, b = migs[0], migs[1]
-        result = run_pair(_env(a["uuid"]), _env(b["uuid"]), t)
+        result = run_pair(_env(a["uuid"]), _env(b["uuid"]), t, fault=fault)
         result["instances"] = [f"{m['profile']} {m['uuid']}" for m in (a, b)]
         result["gpu"] = f"{gpu.index}: {gpu.name}"
         return result
@@ -408,13 +440,13 @@ def check_mig(gpus: list[Gpu], gpu_index: int | None, create: str | None, t: Tim
             print(f"could not destroy the MIG instances it created: {errors}", file=sys.stderr)
 
 
-def check_timeslice(device: str, t: Timing) -> dict:
-    result = run_pair(_env(device), _env(device), t)
+def check_timeslice(device: str, t: Timing, fault: str) -> dict:
+    result = run_pair(_env(device), _env(device), t, fault=fault)
     result["device"] = device
     return result
 
 
-def check_mps(device: str, t: Timing) -> dict:
+def check_mps(device: str, t: Timing, fault: str) -> dict:
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
         raise CheckError("nvidia-cuda-mps-control not found: MPS is not installed here")
@@ -426,7 +458,7 @@ def check_mps(device: str, t: Timing) -> dict:
         env.update(CUDA_MPS_PIPE_DIRECTORY=str(pipes), CUDA_MPS_LOG_DIRECTORY=str(logs))
         run_cmd([control, "-d"], env=env)  # the daemon forks; the server starts with a client
         try:
-            result = run_pair(env, env, t)
+            result = run_pair(env, env, t, fault=fault)
         finally:
             try:
                 run_cmd([control], stdin="quit\n", env=env)
@@ -465,6 +497,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeslice", action="store_true", help="also two plain processes on one device"
     )
     p.add_argument("--shared-device", help="CUDA_VISIBLE_DEVICES for --mps / --timeslice")
+    p.add_argument(
+        "--fault",
+        choices=sorted(FAULTS),
+        default="assert",
+        help="what tenant A is made to do (default: assert)",
+    )
     p.add_argument("--warmup-s", type=float, default=3.0)
     p.add_argument("--observe-s", type=float, default=5.0)
     p.add_argument("--start-timeout-s", type=float, default=120.0)
@@ -491,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     timing = Timing(
         start_timeout_s=args.start_timeout_s, warmup_s=args.warmup_s, observe_s=args.observe_s
     )
-    report: dict[str, Any] = {"fault": FAULT}
+    report: dict[str, Any] = {"fault": FAULTS[args.fault]}
     try:
         gpus = list_gpus()
     except NoGpuError as e:
@@ -505,12 +543,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     experiments: dict[str, Any] = {}
     if not args.skip_mig:
-        experiments["mig"] = lambda: check_mig(gpus, args.gpu, args.create, timing)
+        experiments["mig"] = lambda: check_mig(gpus, args.gpu, args.create, timing, args.fault)
     device = shared_device(gpus, args.shared_device)
     if args.mps:
-        experiments["mps"] = lambda: check_mps(device, timing)
+        experiments["mps"] = lambda: check_mps(device, timing, args.fault)
     if args.timeslice:
-        experiments["timeslice"] = lambda: check_timeslice(device, timing)
+        experiments["timeslice"] = lambda: check_timeslice(device, timing, args.fault)
     ok = True
     for name, run in experiments.items():
         try:

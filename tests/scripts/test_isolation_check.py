@@ -127,12 +127,16 @@ def test_created_instances_are_used_and_destroyed(mod, monkeypatch, capsys):
     monkeypatch.setattr(
         mod,
         "run_pair",
-        lambda a, b, t: pairs.append((a, b)) or {"a_failed": True, "b_survived": True},
+        lambda a, b, t, fault: (
+            pairs.append((a, b, fault)) or {"a_failed": True, "b_survived": True}
+        ),
     )
     monkeypatch.setattr(mod, "run_cmd", fake)
-    code, out = _main_json(mod, capsys, ["--create", "1g.10gb"])
+    code, out = _main_json(mod, capsys, ["--create", "1g.10gb", "--fault", "illegal-address"])
     assert code == 0 and out["mig"]["b_survived"] is True
-    ((env_a, env_b),) = pairs
+    assert out["fault"] == mod.FAULTS["illegal-address"]
+    ((env_a, env_b, fault),) = pairs
+    assert fault == "illegal-address"
     assert env_a["CUDA_VISIBLE_DEVICES"] == "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"
     assert env_b["CUDA_VISIBLE_DEVICES"] == "MIG-0e8e6a4c-8b7a-5d26-9a0b-7f1f0f3f2a11"
     assert ["nvidia-smi", "mig", "-i", "0", "-cgi", "1g.10gb,1g.10gb", "-C"] in calls
@@ -160,6 +164,20 @@ def test_a_tenant_reports_its_fault_and_stops_when_told(mod, tmp_path):
     (tmp_path / "stop").touch()
     assert mod.tenant(tmp_path, "b", "cpu", 8, max_s=30) == 0
     assert mod.read_status(tmp_path / "b.json")["state"] == "stopped"
+
+
+def test_the_fault_named_in_the_trigger_is_the_one_raised(mod, tmp_path):
+    """The driver writes --fault into A's trigger; an MMU fault needs CUDA, which the CPU
+    tenant says instead of raising another fault in its place."""
+    (tmp_path / "fault-a").write_text("illegal-address")
+    assert mod.tenant(tmp_path, "a", "cpu", 8, max_s=30) == 3
+    a = mod.read_status(tmp_path / "a.json")
+    assert a["state"] == "fault" and "needs a CUDA device" in a["error"]
+    assert mod.parse_args(["--skip-mig", "--mps", "--fault", "illegal-address"]).fault == (
+        "illegal-address"
+    )
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--skip-mig", "--mps", "--fault", "segfault"])
 
 
 def test_two_tenants_on_the_cpu_one_faults_the_other_carries_on(mod, monkeypatch):
