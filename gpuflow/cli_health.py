@@ -146,7 +146,7 @@ def score_cmd(
 ) -> None:
     """Score every device once, continuing the monitor's windows (nothing is emitted or saved)."""
     from gpuflow.hardware.select import get_backend
-    from gpuflow.tasks.health.features import FleetWindows
+    from gpuflow.tasks.health.fleet_windows import FleetWindows
     from gpuflow.tasks.health.monitor import monitor_dir
     from gpuflow.tasks.health.scoring import FleetScorer, score_fleet
 
@@ -186,7 +186,7 @@ def decide_cmd(
     from gpuflow.hardware.backend import InvalidRequestError
     from gpuflow.hardware.inventory import Inventory
     from gpuflow.hardware.select import get_backend
-    from gpuflow.tasks.health.features import FleetWindows
+    from gpuflow.tasks.health.fleet_windows import FleetWindows
     from gpuflow.tasks.health.monitor import decision_for, monitor_dir, validate_thresholds
     from gpuflow.tasks.health.scoring import FleetScorer, score_fleet
     from gpuflow.tasks.remediation.costs import FleetCosts

@@ -43,7 +43,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from gpuflow.hardware.backend import TelemetrySample
-from gpuflow.tasks.health.features import BUCKET_S, FleetWindows
+from gpuflow.tasks.health.features import BUCKET_S
+from gpuflow.tasks.health.fleet_windows import FleetWindows
 from gpuflow.tasks.health.model import HealthLSTM, TrainConfig
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S
 

@@ -32,7 +32,7 @@ from gpuflow.hardware.backend import Backend
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.tasks.health.decision import DRAIN_RISK, Decision, DeviceCosts, decide
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
-from gpuflow.tasks.health.features import FleetWindows
+from gpuflow.tasks.health.fleet_windows import FleetWindows
 from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
 from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from gpuflow.hardware.backend import Backend, TelemetrySample
 from gpuflow.tasks.health.events import DEFAULT_HORIZON_S, DEVICE_LOST_REASON, DeviceRisk
-from gpuflow.tasks.health.features import FEATURES, FleetWindows, missing_in
+from gpuflow.tasks.health.features import FEATURES, missing_in
+from gpuflow.tasks.health.fleet_windows import FleetWindows
 from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import FleetSample, TelemetrySampler
 

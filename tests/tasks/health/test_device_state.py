@@ -14,11 +14,12 @@ from gpuflow.tasks.health.device_state import (
     advance,
     state_from_events,
 )
-from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INDEX, N_BASE, FleetWindows
+from gpuflow.tasks.health.features import BUCKET_S, FEATURE_INDEX, N_BASE
+from gpuflow.tasks.health.fleet_windows import FleetWindows
 from gpuflow.tasks.health.history import Device, Fault, HistoryConfig, Segment
 from gpuflow.tasks.health.history_series import counters_vec, record_before, simulate_segment
 
-from .test_features import sample
+from .test_fleet_windows import sample
 
 SI = {f: i for i, f in enumerate(STATE_FEATURES)}
 A100 = "NVIDIA A100-SXM4-40GB"

@@ -14,16 +14,16 @@ from gpuflow.tasks.health.features import (
     FEATURE_INPUTS,
     FEATURES,
     WINDOW_BUCKETS,
-    FleetWindows,
     missing_features,
     missing_in,
 )
+from gpuflow.tasks.health.fleet_windows import FleetWindows
 from gpuflow.tasks.health.history import History, simulate_segment
 from gpuflow.tasks.health.history_series import Segment
 from gpuflow.tasks.health.model import HealthLSTM, feature_stats, mask_columns
 from gpuflow.tasks.health.scoring import score_fleet
 
-from tests.tasks.health.test_features import T0, sample
+from tests.tasks.health.test_fleet_windows import T0, sample
 
 FI = FEATURE_INDEX
 XID_FEATURES = ("xid_memory_log", "xid_bus_log", "xid_app_log", "xid_other_log")

@@ -75,7 +75,7 @@ def test_score_fleet_with_rules_on_the_twin() -> None:
 
 
 def test_scorer_refuses_mismatched_state() -> None:
-    from gpuflow.tasks.health.features import FleetWindows
+    from gpuflow.tasks.health.fleet_windows import FleetWindows
 
     with pytest.raises(ValueError, match="window"):
         FleetScorer(RuleModel(WINDOW_BUCKETS), FleetWindows(window=6))
