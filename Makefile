@@ -19,6 +19,10 @@ $(BIN)/python:
 # information about the layout we chose, not a problem, so it is not shown.
 # --no-compile: pip would byte-compile every file of torch, MLflow and Prefect (about 40 s
 # of an install's 90 s on 2 cores); Python compiles, once, only the modules imported.
+# Once only if it may write what it compiled: with PYTHONDONTWRITEBYTECODE set (container
+# images often set it) every process compiles scipy, sklearn, ... from source again, and the
+# suite starts many (ranks, workers, CLIs): `test` runs with it empty, which Python reads as
+# unset (a 2-rank multimodal test took 78 s with it set, 51 s without, on 2 cores).
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --no-compile
 
 # Stamps re-run the install when pyproject.toml or setup.py changes.
@@ -39,7 +43,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m tests.helpers.postgres install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
