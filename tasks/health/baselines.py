@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from gpuflow.hardware.health import HOT_TEMPERATURE_C
 from gpuflow.tasks.health.calibration import HorizonCalibrator
-from gpuflow.tasks.health.features import FEATURE_INDEX, FEATURES, summary_features
+from gpuflow.tasks.health.features import FEATURES, summary_features
 from gpuflow.tasks.health.history import History, SplitData
 from gpuflow.tasks.health.horizons import HORIZONS_S, interval_index, monotone, multi_labels
 from gpuflow.tasks.health.model import (
@@ -33,60 +32,11 @@ from gpuflow.tasks.health.model import (
     positive_weight,
     training_indices,
 )
+
+# The rules live in a module of their own (light to import); still named here beside the others.
+from gpuflow.tasks.health.rules import RuleModel as RuleModel
+from gpuflow.tasks.health.rules import rule_scores as rule_scores
 from sklearn.ensemble import HistGradientBoostingClassifier
-
-_TEMP = FEATURE_INDEX["temperature_c"]
-_PENDING = FEATURE_INDEX["remap_pending"]
-_XID_CRITICAL = [FEATURE_INDEX["xid_memory_log"], FEATURE_INDEX["xid_bus_log"]]
-
-
-def rule_scores(windows: np.ndarray) -> np.ndarray:
-    """1.0 where a threshold rule fires on the newest bucket, else 0.0."""
-    last = windows[:, -1, :]
-    fired = (
-        (last[:, _TEMP] > HOT_TEMPERATURE_C)
-        | (np.nansum(last[:, _XID_CRITICAL], axis=1) > 0)
-        | (last[:, _PENDING] > 0.5)
-    )
-    return fired.astype(np.float32)
-
-
-class RuleModel:
-    """The threshold rules behind the HealthModel interface (risk 0 or 1)."""
-
-    name = "rules"
-
-    def __init__(self, window: int, horizons_s: tuple[float, ...] = HORIZONS_S) -> None:
-        self.window = window
-        self.feature_names = FEATURES
-        self.horizons_s = tuple(horizons_s)
-        self.horizon_s = self.horizons_s[0]
-
-    def predict_risk(self, windows: np.ndarray) -> np.ndarray:
-        return rule_scores(windows)
-
-    def predict_risks(self, windows: np.ndarray) -> np.ndarray:
-        """The same 0/1 at every horizon: a rule has no notion of when."""
-        return np.repeat(rule_scores(windows)[:, None], len(self.horizons_s), axis=1)
-
-    def use_horizon(self, horizon_s: float) -> None:
-        self.horizon_s = float(horizon_s)
-
-    def top_features(self, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
-        """The rules that fired, with the newest bucket's value."""
-        out = []
-        for w in windows:
-            last = w[-1]
-            fired = {}
-            if last[_TEMP] > HOT_TEMPERATURE_C:
-                fired["temperature_c"] = float(last[_TEMP])
-            for j in _XID_CRITICAL:
-                if last[j] > 0:
-                    fired[FEATURES[j]] = float(last[j])
-            if last[_PENDING] > 0.5:
-                fired["remap_pending"] = 1.0
-            out.append(dict(list(fired.items())[:k]))
-        return out
 
 
 @dataclass(frozen=True)

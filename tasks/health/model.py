@@ -42,12 +42,15 @@ from gpuflow.tasks.health.horizons import (
     interval_index,
     multi_labels,
 )
+from gpuflow.tasks.health.registry import CHAMPION_ALIAS as CHAMPION_ALIAS
+from gpuflow.tasks.health.registry import REGISTERED_MODEL as REGISTERED_MODEL
+from gpuflow.tasks.health.registry import champion_uri as champion_uri
+from gpuflow.tasks.health.registry import load_champion as load_champion
+from gpuflow.tasks.health.registry import load_registered as load_registered
 from sklearn.metrics import average_precision_score
 from torch import nn
 from torch.nn import functional as F
 
-REGISTERED_MODEL = "gpuflow-health"
-CHAMPION_ALIAS = "champion"
 EXPERIMENT = "gpuflow-health"
 
 
@@ -385,13 +388,7 @@ def train_lstm(
         torch.set_num_threads(threads_before)
 
 
-# -- the registry ------------------------------------------------------------------------------
-
-_champion_cache: dict[str, tuple[str, Any]] = {}
-
-
-def champion_uri(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> str:
-    return f"models:/{name}@{alias}"
+# -- the registry (its readers, light to import: tasks.health.registry) -------------------
 
 
 def health_pyfunc(model: Any) -> Any:
@@ -410,50 +407,6 @@ def health_pyfunc(model: Any) -> Any:
             return fn(w) if fn is not None else self.model.predict_risk(w)[:, None]
 
     return HealthPyfunc(model)
-
-
-def load_registered(uri: str) -> Any:
-    """The health model inside a registered pyfunc (``models:/...`` or ``runs:/...``)."""
-    import mlflow.pyfunc
-
-    inner = getattr(mlflow.pyfunc.load_model(uri).unwrap_python_model(), "model", None)
-    if inner is None or not hasattr(inner, "predict_risk"):
-        raise LookupError(f"{uri} holds no gpuflow health model")
-    if isinstance(inner, nn.Module):
-        inner.eval()
-    return inner
-
-
-def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> Any:
-    """The model under ``alias`` in gpuflow's MLflow registry (whatever kind won: LSTM,
-    trees or rules); cached per version, so a monitor loads it once and picks up a new
-    champion on its next call. Its ``horizon_s`` and ``threshold_note`` say how it was
-    chosen."""
-    import mlflow
-    from gpuflow.tasks.tracking import tracking_uri
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    uri = tracking_uri()
-    # The registry follows the store explicitly: mlflow keeps a process-wide registry URI
-    # that would otherwise point at the first store this process used.
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    client = MlflowClient(uri, registry_uri=uri)
-    try:
-        version = client.get_model_version_by_alias(name, alias)
-    except MlflowException as exc:
-        raise LookupError(
-            f"no model {name!r} with alias {alias!r} in {uri}: train one first "
-            "(`gpuflow health train` or the health_train flow)"
-        ) from exc
-    key = f"{uri}|{name}|{alias}"
-    cached = _champion_cache.get(key)
-    if cached is not None and cached[0] == version.version:
-        return cached[1]
-    model = load_registered(f"models:/{name}/{version.version}")
-    _champion_cache[key] = (version.version, model)
-    return model
 
 
 __all__ = [

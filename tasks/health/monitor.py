@@ -26,18 +26,23 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuflow.hardware.backend import Backend
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.tasks.health.decision import DRAIN_RISK, Decision, DeviceCosts, decide
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
 from gpuflow.tasks.health.fleet_windows import FleetWindows
-from gpuflow.tasks.health.model import HealthModel
+from gpuflow.tasks.health.registry import RULES_URI as RULES_URI  # callers import it from here
+from gpuflow.tasks.health.registry import load_health_model
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
 from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks
 from prefect import task
 from prefect.cache_policies import NONE
+
+if TYPE_CHECKING:
+    # A type only: importing the module would load torch and sklearn (seconds).
+    from gpuflow.tasks.health.model import HealthModel
 
 DEFAULT_THRESHOLD = DRAIN_RISK  # the drain-at-once level, whatever the costs
 CLEAR_RATIO = 0.8  # default clear threshold: 80 % of the level that opened the incident
@@ -321,35 +326,6 @@ def run_monitor(
 
 
 # -- which model -------------------------------------------------------------------------------
-
-RULES_URI = "rules"
-
-
-def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
-    """(model, where it came from). None: the registered champion (whatever kind won on
-    cost: LSTM, trees or rules), or the threshold rules when none is registered yet (so a
-    fresh install still watches its fleet); "rules": the rules; any other string: an
-    MLflow model URI (``models:/name@alias``, ``runs:/``) of a health model."""
-    from gpuflow.tasks.health.baselines import RuleModel
-    from gpuflow.tasks.health.features import WINDOW_BUCKETS
-    from gpuflow.tasks.health.model import champion_uri, load_champion, load_registered
-
-    if model_uri == RULES_URI:
-        return RuleModel(WINDOW_BUCKETS), RULES_URI
-    if model_uri is None:
-        try:
-            return load_champion(), champion_uri()
-        except LookupError:
-            return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
-    import mlflow
-    from gpuflow.tasks.tracking import tracking_uri
-
-    mlflow.set_tracking_uri(tracking_uri())
-    mlflow.set_registry_uri(tracking_uri())
-    try:
-        return load_registered(model_uri), model_uri
-    except LookupError as exc:
-        raise ValueError(str(exc)) from exc
 
 
 def describe_model(model: HealthModel, source: str) -> str:

@@ -9,15 +9,18 @@ lost"), as do devices that have failed while still answering (see failure_reason
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gpuflow.hardware.backend import Backend, TelemetrySample
 from gpuflow.tasks.health.events import DEFAULT_HORIZON_S, DEVICE_LOST_REASON, DeviceRisk
 from gpuflow.tasks.health.features import FEATURES, missing_in
 from gpuflow.tasks.health.fleet_windows import FleetWindows
-from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import FleetSample, TelemetrySampler
+
+if TYPE_CHECKING:
+    # A type only: importing the module would load torch and sklearn (seconds).
+    from gpuflow.tasks.health.model import HealthModel
 
 # XIDs that are the failure itself, not a warning of it (hardware.sim.faults ends HBM
 # degradations with these; XID 48 is a double-bit error).
@@ -148,7 +151,7 @@ def score_fleet(
     continue its state. Without a ``model``: the registered champion."""
     if scorer is None:
         if model is None:
-            from gpuflow.tasks.health.model import load_champion
+            from gpuflow.tasks.health.registry import load_champion
 
             model = load_champion()
         scorer = FleetScorer(model)

@@ -24,7 +24,7 @@ def health_model(uri: str | None) -> tuple[Any | None, str]:
     model URI, or "none"."""
     if uri == NO_MODEL:
         return None, NO_MODEL
-    from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
+    from gpuflow.tasks.health.registry import RULES_URI, load_health_model
 
     if uri is not None:
         return load_health_model(uri)  # asked for by name: failing to load it is an error

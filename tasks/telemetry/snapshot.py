@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuflow.hardware.backend import (
     Backend,
@@ -44,7 +44,6 @@ from gpuflow.hardware.dcgm_mapping import (
 )
 from gpuflow.hardware.nvml.telemetry import CLOCK_EVENT_BITS
 from gpuflow.tasks.health.events import DeviceRisk
-from gpuflow.tasks.health.model import HealthModel
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, FleetSample, TelemetrySampler
 from gpuflow.tasks.health.scoring import FleetScorer, max_clocks
 
@@ -75,6 +74,10 @@ CLOCK_EVENT = FamilySpec(
     "gauge",
     "1 while this clock event (throttle) reason holds, else 0 (NVML's reason names).",
 )
+
+if TYPE_CHECKING:
+    # A type only: importing the module would load torch and sklearn (seconds).
+    from gpuflow.tasks.health.model import HealthModel
 PARTITION_INFO = FamilySpec(
     "gpuflow_partition_info",
     "gauge",

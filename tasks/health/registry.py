@@ -1,0 +1,107 @@
+"""The health model a process scores with: the champion in gpuflow's MLflow registry, a
+registered model by URI, or the threshold rules.
+
+Apart from tasks.health.model on purpose: that module trains the LSTM (torch, sklearn) and
+takes seconds to import, while a fresh install's exporter, monitor and tour score with the
+rules; torch is imported here only when the registered model unpickles as an LSTM.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from gpuflow.tasks.health.features import WINDOW_BUCKETS
+from gpuflow.tasks.health.rules import RuleModel
+
+if TYPE_CHECKING:
+    from gpuflow.tasks.health.model import HealthModel
+
+REGISTERED_MODEL = "gpuflow-health"
+CHAMPION_ALIAS = "champion"
+RULES_URI = "rules"
+
+_champion_cache: dict[str, tuple[str, Any]] = {}
+
+
+def champion_uri(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> str:
+    return f"models:/{name}@{alias}"
+
+
+def load_registered(uri: str) -> Any:
+    """The health model inside a registered pyfunc (``models:/...`` or ``runs:/...``)."""
+    import mlflow.pyfunc
+
+    inner = getattr(mlflow.pyfunc.load_model(uri).unwrap_python_model(), "model", None)
+    if inner is None or not hasattr(inner, "predict_risk"):
+        raise LookupError(f"{uri} holds no gpuflow health model")
+    torch = sys.modules.get("torch")  # loaded by the unpickling when the model is an LSTM
+    if torch is not None and isinstance(inner, torch.nn.Module):
+        inner.eval()
+    return inner
+
+
+def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> Any:
+    """The model under ``alias`` in gpuflow's MLflow registry (whatever kind won: LSTM,
+    trees or rules); cached per version, so a monitor loads it once and picks up a new
+    champion on its next call. Its ``horizon_s`` and ``threshold_note`` say how it was
+    chosen."""
+    import mlflow
+    from gpuflow.tasks.tracking import tracking_uri
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri()
+    # The registry follows the store explicitly: mlflow keeps a process-wide registry URI
+    # that would otherwise point at the first store this process used.
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    client = MlflowClient(uri, registry_uri=uri)
+    try:
+        version = client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        raise LookupError(
+            f"no model {name!r} with alias {alias!r} in {uri}: train one first "
+            "(`gpuflow health train` or the health_train flow)"
+        ) from exc
+    key = f"{uri}|{name}|{alias}"
+    cached = _champion_cache.get(key)
+    if cached is not None and cached[0] == version.version:
+        return cached[1]
+    model = load_registered(f"models:/{name}/{version.version}")
+    _champion_cache[key] = (version.version, model)
+    return model
+
+
+def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
+    """(model, where it came from). None: the registered champion (whatever kind won on
+    cost: LSTM, trees or rules), or the threshold rules when none is registered yet (so a
+    fresh install still watches its fleet); "rules": the rules; any other string: an
+    MLflow model URI (``models:/name@alias``, ``runs:/``) of a health model."""
+    if model_uri == RULES_URI:
+        return RuleModel(WINDOW_BUCKETS), RULES_URI
+    if model_uri is None:
+        try:
+            return load_champion(), champion_uri()
+        except LookupError:
+            return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
+    import mlflow
+    from gpuflow.tasks.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_registry_uri(tracking_uri())
+    try:
+        return load_registered(model_uri), model_uri
+    except LookupError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+__all__ = [
+    "CHAMPION_ALIAS",
+    "REGISTERED_MODEL",
+    "RULES_URI",
+    "champion_uri",
+    "load_champion",
+    "load_health_model",
+    "load_registered",
+]
