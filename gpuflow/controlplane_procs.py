@@ -154,8 +154,14 @@ def stop(services: Iterable[Service], timeout_s: float, report: Report) -> list[
     for service in stopping:
         if alive(service):
             os.killpg(service.pid, signal.SIGKILL)
+            # Said apart from a clean stop: a service that ignores SIGTERM costs every
+            # `down` its whole grace, and its log is where to look why.
+            report(
+                f"killed {service.name} (pid {service.pid}): still running {timeout_s:g} s after SIGTERM"
+            )
+        else:
+            report(f"stopped {service.name} (pid {service.pid})")
         _reap(service.pid)
-        report(f"stopped {service.name} (pid {service.pid})")
     return [service.name for service in stopping]
 
 
