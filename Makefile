@@ -21,8 +21,9 @@ $(BIN)/python:
 # of an install's 90 s on 2 cores); Python compiles, once, only the modules imported.
 # Once only if it may write what it compiled: with PYTHONDONTWRITEBYTECODE set (container
 # images often set it) every process compiles scipy, sklearn, ... from source again, and the
-# suite starts many (ranks, workers, CLIs): `test` runs with it empty, which Python reads as
-# unset (a 2-rank multimodal test took 78 s with it set, 51 s without, on 2 cores).
+# suite and the tour start many (ranks, workers, CLIs): `test` and `demo` run with it empty,
+# which Python reads as unset (a 2-rank multimodal test took 78 s with it set, 51 s
+# without, on 2 cores).
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --no-compile
 
 # Stamps re-run the install when pyproject.toml or setup.py changes.
@@ -36,7 +37,7 @@ $(VENV)/.installed-dev: pyproject.toml setup.py | $(BIN)/python
 
 # The tour runs on the digital twin, never on real devices, whatever this machine has.
 demo: $(VENV)/.installed
-	GPUFLOW_BACKEND=sim $(BIN)/gpuflow demo
+	PYTHONDONTWRITEBYTECODE= GPUFLOW_BACKEND=sim $(BIN)/gpuflow demo
 
 test: $(VENV)/.installed-dev
 	./scripts/install_browser.sh
