@@ -38,7 +38,13 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from gpuflow.controlplane_address import LOOPBACK, ListenAddress, check_port, listen_address
+from gpuflow.controlplane_address import (
+    LOOPBACK,
+    ListenAddress,
+    check_port,
+    free_port,
+    listen_address,
+)
 from gpuflow.controlplane_nodes import read_mlflow_url, register_nodes, validate_node_names
 from gpuflow.controlplane_procs import (
     ControlPlaneError,
@@ -65,6 +71,8 @@ DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
 EXPORTER = "telemetry-exporter"  # the service name of a host's telemetry exporter
 SERVER_START_TIMEOUT_S = 180  # a server's first start migrates its database
+EXPORTER_PORT_ATTEMPTS = 3  # free ports tried for an exporter asked to take any (port 0)
+PORT_TAKEN = "cannot be bound"  # in the exporter's error when its port is taken (exporter.py)
 JOIN_CHECK_TIMEOUT_S = 10
 # Where `gpuflow up` reads the store URLs from (gpuflow.cli): kept from other processes.
 SECRET_ENV = ("GPUFLOW_PREFECT_DATABASE_URL", "GPUFLOW_MLFLOW_BACKEND_URI")
@@ -240,6 +248,12 @@ class _Launcher:
         self.save()
         return proc
 
+    def forget(self, proc: subprocess.Popen[bytes]) -> None:
+        """Drop a service that exited at its start (it is retried under another port)."""
+        i = self.procs.index(proc)
+        del self.procs[i], self.plane.services[i]
+        self.save()
+
     def save(self) -> None:
         self.path.write_text(json.dumps(self.plane.to_dict(), indent=2))
 
@@ -278,10 +292,21 @@ def _start_exporter(
     nodes: tuple[str, ...],
     env: dict[str, str],
 ) -> None:
-    """Start the exporter and wait until it serves its first snapshot."""
-    url = address.url(port, "/metrics")
-    proc = launch(EXPORTER, _exporter(address, port, nodes), env, url)
-    wait_http(url, SERVER_START_TIMEOUT_S, proc, launch.logs / f"{EXPORTER}.log")
+    """Start the exporter and wait until it serves its first snapshot. Port 0: a free port
+    chosen now, not when `up` began - the exporter starts last, and a port found free a
+    minute earlier may be taken by then (another process's ephemeral port); if it is taken
+    in the instant between, another free port is tried."""
+    for attempt in range(1, EXPORTER_PORT_ATTEMPTS + 1):
+        chosen = free_port(address) if port == 0 else port
+        url = address.url(chosen, "/metrics")
+        proc = launch(EXPORTER, _exporter(address, chosen, nodes), env, url)
+        try:
+            wait_http(url, SERVER_START_TIMEOUT_S, proc, launch.logs / f"{EXPORTER}.log")
+            return
+        except ControlPlaneError as exc:
+            if port != 0 or attempt == EXPORTER_PORT_ATTEMPTS or PORT_TAKEN not in str(exc):
+                raise
+            launch.forget(proc)
 
 
 def _mlflow_server(
@@ -359,7 +384,7 @@ def up(
         raise InvalidRequestError(f"workers must be >= 0, got {workers}")
     validate_node_names(node_workers)
     prefect_port, mlflow_port = check_port(address, prefect_port), check_port(address, mlflow_port)
-    if exporter_port is not None:
+    if exporter_port:  # 0 (any free port) is chosen when the exporter starts
         exporter_port = check_port(address, exporter_port)
     stores = local_stores(home)
     stores.mlflow_dir.mkdir(parents=True, exist_ok=True)
@@ -490,7 +515,7 @@ def join(
     _check_not_running(home, node)
     project_dir = _check_project(project_dir)
     exporter_address = listen_address(exporter_host)
-    if exporter_port is not None:
+    if exporter_port:  # 0 (any free port) is chosen when the exporter starts
         exporter_port = check_port(exporter_address, exporter_port)
     control_url = _check_control(control_url)
     from prefect.settings import PREFECT_API_URL, temporary_settings
