@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuflow.bench.host_load import CpuTimes, load_report
 from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
 from gpuflow.tasks.edge.export import ExportedModel, cached_export
@@ -301,8 +302,10 @@ def run(quick: bool = False, report: Report = print) -> dict:
             "onnxruntime_threads_per_server": 1,
             "quick": quick,
             "models": ",".join(m for m, _, _ in plan),
+            "load_avg_1m_before": os.getloadavg()[0],
         }
     }
+    times_before = CpuTimes.now()
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuflow-edge-bench-{os.getpid()}"
     bench_names: list[str] = []
     # Per-hop overhead at 1.6 MB: two shards (one core each where there are two), then four.
@@ -319,6 +322,8 @@ def run(quick: bool = False, report: Report = print) -> dict:
             ]
         model, k = ("resnet152", 4) if not quick else ("resnet18-digits", 2)
         result["seed_claim"] = _seed_claim(result, model, k)
+        # Steal over the whole run, on the cores the servers were pinned to (4 at most).
+        result["setup"].update(load_report(times_before, CpuTimes.now(), cores[:4]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for name in bench_names:  # the servers are stopped; their folders were scratch

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from gpuflow.bench.figures import ci95
+from gpuflow.bench.host_load import CpuTimes, load_report
 
 Report = Callable[[str], None]
 SHAPE = (1, 512, 28, 28)  # 1,605,632 bytes in FP32
@@ -227,6 +228,7 @@ def run(k: int = 4, requests: int = 100, rounds: int = 5, report: Report = print
     want = float(x["t0"].sum(dtype=np.float64))
     empty_ms: list[float] = []
     load_before = os.getloadavg()
+    times_before = CpuTimes.now()
     try:
         dirs = _shard_models(k, root)
         for label, mode in TRANSPORTS.items():
@@ -259,7 +261,9 @@ def run(k: int = 4, requests: int = 100, rounds: int = 5, report: Report = print
         "rounds": rounds,
         "cores": len(cores),
         "load_avg_1m_before": load_before[0],
-        "load_avg_1m_after": os.getloadavg()[0],
+        **load_report(
+            times_before, CpuTimes.now(), sorted({cores[i % len(cores)] for i in range(k)})
+        ),
         # An empty unary call to the head and back: what any hop pays before a byte of work.
         "empty_rpc_ms": statistics.mean(empty_ms),
         "empty_rpc_ci95_ms": ci95(empty_ms),

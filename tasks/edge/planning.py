@@ -131,6 +131,7 @@ def plan_shards(
             exported.sample_inputs(batch=profile.batch),
             intra_op_threads=profile.intra_op_threads,
             price=lambda costs, p: price_as(costs, p.cuts, [s.node for s in p.shards]),
+            cpus_of={n.name: n.cpus for n in nodes},
         )
         dp, segment_ms, served_ms, rounds = (
             settled.plan,
