@@ -1,8 +1,8 @@
 """`gpuflow demo`: the tour on the digital twin, one step per capability.
 
-discover and partition the fleet (fleet.py) -> compare precision (precision.py) -> a
-predicted fault and its remediation (remediation.py) -> edge slicing (edge.py) -> what
-it measured and where to look (summary.py). It runs in a GPUFLOW_HOME of its own and
+discover and partition the fleet (fleet.py) -> compare precision (precision.py) -> train
+the health champion (health.py) -> a predicted fault and its remediation (remediation.py)
+-> edge slicing (edge.py) -> what it measured and where to look (summary.py). It runs in a GPUFLOW_HOME of its own and
 records where `gpuflow up` serves from (record.py).
 """
 
@@ -73,7 +73,7 @@ def run_demo(console: Console, size: TourSize | None = None) -> dict[str, Any]:
         from gpuflow.hardware.partition import load_plan
         from gpuflow.hardware.sim import SimBackend
         from gpuflow.tasks.fleet import fleet_rows
-        from gpuflow.tour import edge, fleet, precision, remediation, summary
+        from gpuflow.tour import edge, fleet, health, precision, remediation, summary
 
         twin = SimBackend()
         inventory = Inventory()
@@ -93,9 +93,16 @@ def run_demo(console: Console, size: TourSize | None = None) -> dict[str, Any]:
                 lambda: precision.compare(size.compare_steps, size.compare_batch_size),
             ),
             (
+                "health champion: LSTM vs trees vs rules by validation cost (health_train)",
+                "health",
+                health.train_champion,
+            ),
+            (
                 "predicted fault: HBM degradation -> monitor -> remediate",
                 "fault",
-                lambda: remediation.predicted_fault_step(size.remediation_steps),
+                lambda: remediation.predicted_fault_step(
+                    size.remediation_steps, results["health"]["registered"]
+                ),
             ),
             (
                 "edge deploy: slice resnet18-digits over 3 loopback nodes",

@@ -22,12 +22,12 @@ from gpuflow.hardware.backend import InvalidRequestError
 Report = Callable[[str], None]
 
 
-def _health_model() -> tuple[Any, str]:
-    """The monitor's model (the champion by cost, whatever its kind, else the threshold
-    rules), named with the horizon of its risk."""
+def _health_model(model_uri: str | None = None) -> tuple[Any, str]:
+    """The monitor's model (``model_uri``, else the registered champion by cost, whatever
+    its kind, else the threshold rules), named with the horizon of its risk."""
     from gpuflow.tasks.health.monitor import RULES_URI, describe_model, load_health_model
 
-    model, source = load_health_model()
+    model, source = load_health_model(model_uri)
     if source.startswith(RULES_URI):
         return model, "threshold rules (no champion registered yet)"
     return model, f"champion by cost: {describe_model(model, source)}"
@@ -47,8 +47,10 @@ def predicted_fault_tour(
     steps: int = 300,
     notifier: Any = None,
     max_monitor_rounds: int = 40,
+    model_uri: str | None = None,
 ) -> dict[str, Any]:
-    """Run the scenario on the twin in GPUFLOW_HOME; returns what happened."""
+    """Run the scenario on the twin in GPUFLOW_HOME, the monitor scoring with ``model_uri``
+    (default: as the monitor flow does); returns what happened."""
     import torch
 
     from gpuflow.blocks.checkpoint_storage import CheckpointStorage
@@ -101,7 +103,7 @@ def predicted_fault_tour(
         report(f"job {spec.job_id} trains on {node}:{index}; injecting HBM degradation there")
         backend.inject_fault(node, int(index), "hbm", lead_s=4 * 3600.0)
 
-        model, model_name = _health_model()
+        model, model_name = _health_model(model_uri)
         events: list[dict[str, Any]] = []
 
         def keep(
@@ -185,12 +187,15 @@ def predicted_fault_tour(
         torch.set_num_threads(threads)
 
 
-def predicted_fault_step(steps: int) -> dict[str, Any]:
-    """The scenario as the tour runs it: the operators' message goes to the tour's inbox."""
+def predicted_fault_step(steps: int, model_uri: str | None = None) -> dict[str, Any]:
+    """The scenario as the tour runs it: the monitor scores with the champion the tour
+    trained (``model_uri``); the operators' message goes to the tour's inbox."""
     from gpuflow.tour.inbox import Inbox
 
     with Inbox() as inbox:
-        out = predicted_fault_tour(report=lambda _msg: None, steps=steps, notifier=inbox.block())
+        out = predicted_fault_tour(
+            report=lambda _msg: None, steps=steps, notifier=inbox.block(), model_uri=model_uri
+        )
     out["operators told"] = (
         inbox.messages[-1].get("subject", "").strip() if inbox.messages else None
     )

@@ -35,6 +35,13 @@ def show(
 
     auto = results["compare"]["rows"][0]
     console.print(comparison_table(results["compare"]["rows"]))
+    champion = results["health"]
+    console.print(
+        Panel.fit(
+            "\n".join(f"{k}: {escape(str(v))}" for k, v in champion.items()),
+            title="health champion (health_train on a small twin history)",
+        )
+    )
     fault = results["fault"]
     console.print(
         Panel.fit(
@@ -60,6 +67,7 @@ def show(
         "layout_unchanged": refusal.layout_unchanged,
         "speedup_auto": round(auto["speedup"], 2),
         "convergence_delta_auto": f"{100 * auto['convergence_delta']:.3f} %",
+        "health_champion": champion["champion"],
         "steps_lost": fault.get("steps lost"),
         "time_to_recover_s": fault.get("time to recover s"),
         "job_moved_to": fault.get("moved to"),
@@ -79,12 +87,13 @@ def where_to_look(recording: Recording) -> str:
     """The UIs that show what the tour recorded: running now, or once `gpuflow up` runs."""
     from gpuflow.flows.compare_precision import EXPERIMENT as COMPARE
     from gpuflow.flows.edge_deploy import EXPERIMENT as EDGE
+    from gpuflow.tasks.health.model import EXPERIMENT as HEALTH
     from gpuflow.tasks.training.job import EXPERIMENT as TRAIN
 
     what = (
         f"Prefect UI {recording.prefect_ui_url} (flow runs compare_precision, train, "
-        f"remediate, edge_deploy and their artifacts), MLflow UI {recording.mlflow_url} "
-        f"(experiments {COMPARE}, {TRAIN}, {EDGE})"
+        f"health_train, remediate, edge_deploy and their artifacts), MLflow UI "
+        f"{recording.mlflow_url} (experiments {COMPARE}, {TRAIN}, {HEALTH}, {EDGE})"
     )
     if recording.plane is not None:
         return f"where to look: the tour recorded through the control plane that is up: {what}"

@@ -26,9 +26,11 @@ LSTM learns what a DCU without ECC or XIDs looks like instead of reading "no err
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,6 +45,7 @@ from gpuflow.tasks.health.horizons import (
     multi_labels,
 )
 from gpuflow.tasks.health.registry import CHAMPION_ALIAS as CHAMPION_ALIAS
+from gpuflow.tasks.health.registry import HEALTH_MODEL_ARTIFACT
 from gpuflow.tasks.health.registry import REGISTERED_MODEL as REGISTERED_MODEL
 from gpuflow.tasks.health.registry import champion_uri as champion_uri
 from gpuflow.tasks.health.registry import load_champion as load_champion
@@ -391,22 +394,18 @@ def train_lstm(
 # -- the registry (its readers, light to import: tasks.health.registry) -------------------
 
 
-def health_pyfunc(model: Any) -> Any:
-    """An MLflow pyfunc wrapping any health model (LSTM, trees, rules): the champion is
-    whichever wins on cost, so the registry holds one kind of thing for all of them.
-    ``predict`` takes windows [n, window, F] and returns the risks [n, H]."""
-    import mlflow.pyfunc
+# The pyfunc wrapper is logged as code (pyfunc_model.py); its path, not the module, so
+# that reading it here does not run its set_model.
+HEALTH_PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
 
-    class HealthPyfunc(mlflow.pyfunc.PythonModel):
-        def __init__(self, inner: Any) -> None:
-            self.model = inner
 
-        def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
-            w = np.asarray(model_input, dtype=np.float32)
-            fn = getattr(self.model, "predict_risks", None)
-            return fn(w) if fn is not None else self.model.predict_risk(w)[:, None]
-
-    return HealthPyfunc(model)
+def save_health_model(model: Any, folder: Path) -> dict[str, str]:
+    """Pickle ``model`` into ``folder``: the ``artifacts`` for log_model beside
+    HEALTH_PYFUNC_CODE."""
+    path = Path(folder) / f"{HEALTH_MODEL_ARTIFACT}.pkl"
+    with path.open("wb") as out:
+        pickle.dump(model, out, protocol=pickle.HIGHEST_PROTOCOL)
+    return {HEALTH_MODEL_ARTIFACT: str(path)}
 
 
 __all__ = [
@@ -418,7 +417,8 @@ __all__ = [
     "MultiHorizon",
     "TrainConfig",
     "champion_uri",
-    "health_pyfunc",
+    "HEALTH_PYFUNC_CODE",
+    "save_health_model",
     "load_champion",
     "load_registered",
     "train_lstm",

@@ -54,16 +54,18 @@ from gpuflow.tasks.health.evaluate import (
     plot_pr_curves,
     random_threshold_for,
 )
+from gpuflow.tasks.health.features import N_FEATURES
 from gpuflow.tasks.health.history import History, HistoryConfig, SplitData, load_or_generate
 from gpuflow.tasks.health.history_splits import carve_calibration
 from gpuflow.tasks.health.horizons import HORIZONS_S, horizon_label, multi_labels
 from gpuflow.tasks.health.model import (
     CHAMPION_ALIAS,
     EXPERIMENT,
+    HEALTH_PYFUNC_CODE,
     REGISTERED_MODEL,
     HealthLSTM,
     TrainConfig,
-    health_pyfunc,
+    save_health_model,
     train_lstm,
 )
 from prefect import task
@@ -359,6 +361,7 @@ def log_outcome(
     with its kind, horizon and decision threshold."""
     import mlflow
     from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
+    from mlflow.models import infer_signature
     from mlflow.tracking import MlflowClient
 
     experiment_id = use_experiment(experiment)
@@ -404,11 +407,19 @@ def log_outcome(
                 json.dumps(outcome.summary(), indent=2, default=_json_default)
             )
             mlflow.log_artifacts(tmp, artifact_path="evaluation")
-        model_info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=health_pyfunc(champ),
-            pip_requirements=_requirements(),
-        )
+        # Windows in, a risk per horizon out: stated (no type hint can say it), with an
+        # all-zero window as the example MLflow keeps beside it.
+        example = np.zeros((1, champ.window, N_FEATURES), dtype=np.float32)
+        signature = infer_signature(example, champ.predict_risks(example))
+        with tempfile.TemporaryDirectory() as tmp:
+            model_info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=HEALTH_PYFUNC_CODE,
+                artifacts=save_health_model(champ, Path(tmp)),
+                signature=signature,
+                input_example=example,
+                pip_requirements=_requirements(),
+            )
         tags = {
             "gpuflow.capability": "health",
             "gpuflow.champion": outcome.champion,

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 REGISTERED_MODEL = "gpuflow-health"
 CHAMPION_ALIAS = "champion"
 RULES_URI = "rules"
+# The logged pyfunc's artifact holding the pickled health model (pyfunc_model.py).
+HEALTH_MODEL_ARTIFACT = "health_model"
 
 _champion_cache: dict[str, tuple[str, Any]] = {}
 
@@ -98,6 +100,7 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
 
 __all__ = [
     "CHAMPION_ALIAS",
+    "HEALTH_MODEL_ARTIFACT",
     "REGISTERED_MODEL",
     "RULES_URI",
     "champion_uri",

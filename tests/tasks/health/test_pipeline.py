@@ -116,6 +116,14 @@ def test_record_register_and_load_champion(tiny_outcome) -> None:
     assert type(champion) is type(trained) and champion.horizon_s == trained.horizon_s
     w = np.random.default_rng(1).normal(size=(5, champion.window, N_FEATURES)).astype(np.float32)
     assert np.allclose(champion.predict_risk(w), trained.predict_risk(w), atol=1e-6)
+    # Logged as code: MLflow's own loader serves it, windows in, a risk per horizon out,
+    # by the signature it was logged with.
+    import mlflow.pyfunc
+
+    served = mlflow.pyfunc.load_model(rec["model_uri"])
+    assert served.metadata.signature is not None
+    assert served.metadata.flavors["python_function"].get("model_code_path")
+    assert np.allclose(served.predict(w), trained.predict_risks(w), atol=1e-6)
     assert load_champion() is champion  # cached per version
     # a second registration moves the alias
     rec2 = log_outcome(tiny_outcome, run_name="test-2")

@@ -1,0 +1,57 @@
+"""The tour's health champion: `health_train` on a small twin history, before the fault.
+
+The tour's monitor runs the registered champion (tasks.health.registry), and a fresh
+GPUFLOW_HOME has none, so before this step the threshold rules decided by default and
+the tour could not say whether a learned model would have. Now it trains the candidates
+the production flow trains - the LSTM, gradient-boosted trees and the rules - on a
+seed-pinned small history (``health_train(quick=True)``: 96 nodes x 120 days, a small
+LSTM, 50 trees; about 20 s on 2 cores), registers whichever saves the most GPU-hours on
+validation by the cost rule, and the fault step's monitor loads that. Whichever wins is
+shown with every candidate's validation figure, so the tour says what decided and why.
+
+It registers under a name of its own (TOUR_MODEL): the tour records into the MLflow store
+`gpuflow up` serves, and moving ``gpuflow-health@champion`` there would change what the
+platform's own monitor runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TOUR_MODEL = "gpuflow-health-tour"
+
+
+def best_by_model(val_costs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each candidate's best horizon on validation (net GPU-h saved per 1,000 device-days
+    at its break-even risk), from ``TrainingOutcome.summary()["val_costs"]``."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in val_costs:
+        held = best.get(row["model"])
+        if held is None or row["saved_gpu_h_per_1000_dd"] > held["saved_gpu_h_per_1000_dd"]:
+            best[row["model"]] = row
+    return best
+
+
+def validation_line(val_costs: list[dict[str, Any]]) -> str:
+    """'rules +196 (1 h), gbt -155 (1 h), lstm -783 (24 h)': best first."""
+    ranked = sorted(best_by_model(val_costs).values(), key=lambda r: -r["saved_gpu_h_per_1000_dd"])
+    return ", ".join(
+        f"{r['model']} {r['saved_gpu_h_per_1000_dd']:+.0f} ({r['horizon']})" for r in ranked
+    )
+
+
+def train_champion() -> dict[str, Any]:
+    """Run the health_train flow (quick, registering the champion as TOUR_MODEL); what
+    it chose, and under "registered" the URI the fault step's monitor loads."""
+    from gpuflow.flows.health_train import health_train
+
+    out = health_train(quick=True, model_name=TOUR_MODEL)
+    summary = out["summary"]
+    return {
+        "champion": out["champion"],
+        "decided by": out["champion_line"],
+        "validation net GPU-h saved / 1,000 device-days": validation_line(summary["val_costs"]),
+        "validation failures": summary["history"].get("splits", {}).get("val", {}).get("failures"),
+        "registered": out.get("registry_uri"),
+        "mlflow run": out["run_id"],
+    }
