@@ -3,9 +3,10 @@
 MLflow loads this file from the logged model's code/ folder and calls ``load_context``
 with the model's artifacts. The champion is whichever kind won on cost (LSTM, trees or
 rules), so the registry holds one kind of thing for all of them: this wrapper, and the
-health model itself pickled as the artifact ``health_model`` (model.save_health_model) (its classes are gpuflow's,
-imported by name when it is read). Logging a PythonModel *object* instead made MLflow
-cloudpickle the wrapper by value, and warn about it on every `health_train`.
+health model itself pickled as the artifact ``health_model`` (model.save_health_model;
+its classes are gpuflow's, imported by name when it is read). Logging a PythonModel
+*object* instead made MLflow cloudpickle the wrapper by value, and warn about it on every
+`health_train`.
 
 ``predict`` takes windows [n, window, F] and returns the risks [n, H]. Its input is
 hinted ``np.ndarray``, one of the hints MLflow accepts without inferring a schema of
