@@ -1,9 +1,10 @@
 """`gpuflow demo`: the tour on the digital twin, one step per capability.
 
 discover and partition the fleet (fleet.py) -> compare precision (precision.py) -> train
-the health champion (health.py) -> a predicted fault and its remediation (remediation.py)
--> edge slicing (edge.py) -> what it measured and where to look (summary.py). It runs in a GPUFLOW_HOME of its own and
-records where `gpuflow up` serves from (record.py).
+the health champion (health.py) -> a predicted fault and its remediation, decided by that
+champion (remediation.py) -> edge slicing (edge.py) -> what it measured and where to look
+(summary.py). It runs in a GPUFLOW_HOME of its own and records where `gpuflow up` serves
+from (record.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ GPUFLOW_HOME has none, so before this step the threshold rules decided by defaul
 the tour could not say whether a learned model would have. Now it trains the candidates
 the production flow trains - the LSTM, gradient-boosted trees and the rules - on a
 seed-pinned small history (``health_train(quick=True)``: 96 nodes x 120 days, a small
-LSTM, 50 trees; about 20 s on 2 cores), registers whichever saves the most GPU-hours on
+LSTM, 50 trees; about 25 s on 2 cores), registers whichever saves the most GPU-hours on
 validation by the cost rule, and the fault step's monitor loads that. Whichever wins is
 shown with every candidate's validation figure, so the tour says what decided and why.
 
@@ -33,7 +33,7 @@ def best_by_model(val_costs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def validation_line(val_costs: list[dict[str, Any]]) -> str:
-    """'rules +196 (1 h), gbt -155 (1 h), lstm -783 (24 h)': best first."""
+    """'rules +196 (1h), gbt -155 (1h), lstm -783 (24h)': best first."""
     ranked = sorted(best_by_model(val_costs).values(), key=lambda r: -r["saved_gpu_h_per_1000_dd"])
     return ", ".join(
         f"{r['model']} {r['saved_gpu_h_per_1000_dd']:+.0f} ({r['horizon']})" for r in ranked
