@@ -21,20 +21,12 @@ from typing import Any
 TOUR_MODEL = "gpuflow-health-tour"
 
 
-def best_by_model(val_costs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each candidate's best horizon on validation (net GPU-h saved per 1,000 device-days
-    at its break-even risk), from ``TrainingOutcome.summary()["val_costs"]``."""
-    best: dict[str, dict[str, Any]] = {}
-    for row in val_costs:
-        held = best.get(row["model"])
-        if held is None or row["saved_gpu_h_per_1000_dd"] > held["saved_gpu_h_per_1000_dd"]:
-            best[row["model"]] = row
-    return best
-
-
-def validation_line(val_costs: list[dict[str, Any]]) -> str:
-    """'rules +196 (1h), gbt -155 (1h), lstm -783 (24h)': best first."""
-    ranked = sorted(best_by_model(val_costs).values(), key=lambda r: -r["saved_gpu_h_per_1000_dd"])
+def validation_line(val_costs: list[dict[str, Any]], horizons: dict[str, str]) -> str:
+    """'rules +196 (1h), gbt -155 (1h), lstm -783 (24h)', best first: each candidate's
+    validation figure at the horizon the pipeline chose for it (champion.best_by_model),
+    both from ``TrainingOutcome.summary()``."""
+    chosen = [r for r in val_costs if r["horizon"] == horizons.get(r["model"])]
+    ranked = sorted(chosen, key=lambda r: -r["saved_gpu_h_per_1000_dd"])
     return ", ".join(
         f"{r['model']} {r['saved_gpu_h_per_1000_dd']:+.0f} ({r['horizon']})" for r in ranked
     )
@@ -50,7 +42,9 @@ def train_champion() -> dict[str, Any]:
     return {
         "champion": out["champion"],
         "decided by": out["champion_line"],
-        "validation net GPU-h saved / 1,000 device-days": validation_line(summary["val_costs"]),
+        "validation net GPU-h saved / 1,000 device-days": validation_line(
+            summary["val_costs"], summary["horizons"]
+        ),
         "validation failures": summary["history"].get("splits", {}).get("val", {}).get("failures"),
         "registered": out.get("registry_uri"),
         "mlflow run": out["run_id"],

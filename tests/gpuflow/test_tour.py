@@ -32,22 +32,23 @@ def test_a_size_that_cannot_run_is_refused_naming_the_field(field: str, value: o
         TourSize(**{field: value})
 
 
-def test_the_champion_panel_shows_each_candidates_best_horizon_best_first() -> None:
-    from gpuflow.tour.health import best_by_model, validation_line
+def test_the_champion_panel_shows_each_candidate_at_its_chosen_horizon_best_first() -> None:
+    from gpuflow.tour.health import validation_line
 
     def row(model: str, horizon: str, saved: float) -> dict:
         return {"model": model, "horizon": horizon, "saved_gpu_h_per_1000_dd": saved}
 
     rows = [
         row("rules", "1h", 196.35),
-        row("rules", "6h", 196.35),  # a tie keeps the first (shortest) horizon
+        row("rules", "6h", 196.35),
         row("gbt", "1h", -155.0),
         row("gbt", "24h", -2748.0),
         row("lstm", "1h", -937.0),
         row("lstm", "24h", -783.4),
     ]
-    best = best_by_model(rows)
-    assert {m: r["horizon"] for m, r in best.items()} == {"rules": "1h", "gbt": "1h", "lstm": "24h"}
-    assert validation_line(rows) == "rules +196 (1h), gbt -155 (1h), lstm -783 (24h)"
-    # a learned model that saves more is named first
-    assert validation_line([*rows, row("lstm", "72h", 250.0)]).startswith("lstm +250 (72h)")
+    chosen = {"rules": "1h", "gbt": "1h", "lstm": "24h"}
+    assert validation_line(rows, chosen) == "rules +196 (1h), gbt -155 (1h), lstm -783 (24h)"
+    # the horizon shown is the pipeline's choice, and a learned model that saves more is first
+    assert validation_line([*rows, row("lstm", "72h", 250.0)], {**chosen, "lstm": "72h"}) == (
+        "lstm +250 (72h), rules +196 (1h), gbt -155 (1h)"
+    )

@@ -13,27 +13,24 @@ from gpuflow.tasks.health.features import (
 )
 from gpuflow.tasks.health.fleet_windows import FleetWindows
 
+from tests.hardware.inventory.helpers import telemetry_sample
+
 FI = FEATURE_INDEX
 T0 = 1_000_000 * BUCKET_S  # bucket-aligned
 
 
 def sample(t: float, node: str = "n0", index: int = 0, **kw) -> TelemetrySample:
-    base = dict(
-        node=node,
-        index=index,
-        timestamp_s=t,
-        present=True,
+    """A reading with no XID, no throttling and no ECC counters unless ``kw`` gives them."""
+    quiet = dict(
         temperature_c=50.0,
         power_mw=200_000,
         energy_mj=0,
-        utilization_ratio=0.5,
         memory_used_mb=20_000,
         memory_total_mb=40_000,
-        sm_clock_mhz=1410,
-        power_limit_mw=400_000,
+        clock_event_reasons=(),
+        xids=(),
     )
-    base.update(kw)
-    return TelemetrySample(**base)
+    return telemetry_sample(node, index, t, **{**quiet, **kw})
 
 
 def feed(fw: FleetWindows, samples: list[TelemetrySample]) -> None:
