@@ -4,7 +4,9 @@
 READY line (which carries the bound address, so ``port=0`` works) and returns a handle
 whose ``stop()`` sends SIGTERM (graceful) and kills only if the grace period runs out. A
 server that exits before it is ready (a sha256 mismatch, a port in use) raises
-``ShardStartError`` with its exit code and the tail of its log, and leaves nothing running.
+``ShardStartError`` with its exit code, the tail of its log and the log's path, and leaves
+nothing running. Without a ``log_path`` the server logs to a temporary file, removed when
+the server stops cleanly (exit code 0) and kept otherwise, for whoever looks into why.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ShardProcess:
     log_path: Path
     ready_line: str
     _drain: threading.Thread | None = field(default=None, repr=False)
+    temporary_log: bool = False  # made by start_shard_process: removed after a clean stop
 
     @property
     def pid(self) -> int:
@@ -54,7 +57,10 @@ class ShardProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait up to timeout_s, then SIGKILL; returns the exit code."""
-        return _terminate(self.process, timeout_s)
+        code = _terminate(self.process, timeout_s)
+        if code == 0 and self.temporary_log:
+            self.log_path.unlink(missing_ok=True)
+        return code
 
     def __enter__(self) -> ShardProcess:
         return self
@@ -121,6 +127,7 @@ def start_shard_process(
 ) -> ShardProcess:
     """Start a shard server process and wait for its READY line; ShardStartError otherwise."""
     argv = server_argv(shard_dir, host, port, forward_to, forward_model, extra_args, python)
+    temporary_log = log_path is None
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="gpuflow-shard-", suffix=".log")
         os.close(fd)
@@ -153,7 +160,7 @@ def start_shard_process(
             _terminate(process, 5.0)
             raise ShardStartError(
                 f"shard server for {shard_dir} not ready after {ready_timeout_s:.0f} s; "
-                f"log: {_tail(log_path)}",
+                f"log {log_path}: {_tail(log_path)}",
                 process.returncode,
                 _tail(log_path),
             ) from None
@@ -161,7 +168,8 @@ def start_shard_process(
             code = process.wait()
             tail = _tail(log_path)
             raise ShardStartError(
-                f"shard server for {shard_dir} exited with code {code} before it was ready: {tail}",
+                f"shard server for {shard_dir} exited with code {code} before it was ready "
+                f"(log {log_path}): {tail}",
                 code,
                 tail,
             )
@@ -176,4 +184,5 @@ def start_shard_process(
                 log_path=log_path,
                 ready_line=line.strip(),
                 _drain=reader,
+                temporary_log=temporary_log,
             )

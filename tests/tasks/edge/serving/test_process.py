@@ -39,6 +39,30 @@ def test_process_serves_then_stops_gracefully_on_sigterm(mlp, tmp_path: Path) ->
     assert "signal received" in log.read_text() and "stopped" in log.read_text()
 
 
+def test_a_log_of_its_own_is_removed_after_a_clean_stop_and_kept_otherwise(mlp) -> None:
+    clean = start_shard_process(mlp.shard_dirs[0], extra_args=["--grace-s", "1"])
+    killed = start_shard_process(mlp.shard_dirs[0], extra_args=["--grace-s", "1"])
+    try:
+        assert clean.temporary_log and clean.log_path.is_file()
+        assert killed.log_path.is_file() and killed.log_path != clean.log_path
+        assert clean.stop(timeout_s=15) == 0
+        assert not clean.log_path.exists()
+        killed.process.kill()  # a server that did not stop cleanly keeps its log
+        assert killed.stop(timeout_s=15) != 0
+        assert killed.log_path.is_file()
+    finally:
+        clean.stop()
+        killed.stop()
+        killed.log_path.unlink(missing_ok=True)
+
+
+def test_a_given_log_stays_after_a_clean_stop(mlp, tmp_path: Path) -> None:
+    log = tmp_path / "kept.log"
+    shard = start_shard_process(mlp.shard_dirs[0], log_path=log, extra_args=["--grace-s", "1"])
+    assert shard.stop(timeout_s=15) == 0
+    assert log.is_file() and not shard.temporary_log
+
+
 def test_tampered_shard_process_exits_nonzero_with_the_reason(mlp, tmp_path: Path) -> None:
     shard = tmp_path / "tampered"
     shutil.copytree(mlp.shard_dirs[0], shard)
@@ -56,6 +80,7 @@ def test_tampered_shard_process_exits_nonzero_with_the_reason(mlp, tmp_path: Pat
         start_shard_process(shard, log_path=tmp_path / "tampered.log")
     assert err.value.returncode == EXIT_INTEGRITY_ERROR
     assert "sha256 mismatch" in str(err.value) and "Warning" not in str(err.value)
+    assert f"(log {tmp_path / 'tampered.log'})" in str(err.value)
 
 
 def test_missing_manifest_is_a_startup_error(tmp_path: Path) -> None:
