@@ -10,13 +10,19 @@ raises and the job goes the way a crashed one goes (remediation). ``run_gang`` i
 node case: this node's agent alone, its rendezvous on loopback. Who starts the other
 nodes' agents (a Prefect flow run on each node's work queue) is not here yet
 (docs/distributed.md).
+
+Each agent's torchelastic log folder (a rank's error.json when it fails; the ranks' output
+itself goes to this process's console) is made under the node's staging folder, removed
+when the gang succeeds and kept when it fails: the GangFailedError names the file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -133,15 +139,22 @@ def launch_agent(
     max_restarts: int = 0,
     local_addr: str | None = None,
     what: str = "the gang",
+    log_root: Path | None = None,
 ) -> dict[int, Any]:
     """One elastic agent (torchrun's launcher API) running ``entrypoint(*args)`` in
     ``nproc`` rank processes of a gang of ``nodes`` agents; returns this agent's ranks'
     return values by global rank. ``args`` reach the ranks pickled through the agent's
     spawn pipe, never a command line. Past ``max_restarts`` it raises GangFailedError,
-    ``what`` naming the gang."""
+    ``what`` naming the gang. The agent's log folder is made in ``log_root`` (default: the
+    system's temporary folder), removed after a success and kept after a failure."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if log_root is not None:
+        Path(log_root).mkdir(parents=True, exist_ok=True)
+    # torchelastic's default is a fresh /tmp/torchelastic_* per agent, never removed.
+    log_dir = tempfile.mkdtemp(prefix="gpuflow-elastic-", dir=log_root)
     host, port = endpoint
     config = LaunchConfig(
         min_nodes=nodes,
@@ -159,12 +172,15 @@ def launch_agent(
         start_method="spawn",
         monitor_interval=0.2,
         local_addr=local_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     try:
         with _fresh_store_per_round():
-            return dict(elastic_launch(config, entrypoint)(*args))
+            results = dict(elastic_launch(config, entrypoint)(*args))
     except ChildFailedError as exc:
         raise GangFailedError(f"{what} failed after {max_restarts} restart(s): {exc}") from exc
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return results
 
 
 def run_node_agent(
@@ -245,6 +261,7 @@ def run_node_agent(
             max_restarts=max_restarts,
             local_addr=local_addr,
             what=f"job {spec.job_id!r}: the gang of {len(units)} (node {node}: {len(mine)})",
+            log_root=staging / "elastic",
         )
     for result in results.values():
         result["backend"] = chosen

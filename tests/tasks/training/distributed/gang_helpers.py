@@ -118,3 +118,15 @@ def dying_rank_main(*args: Any) -> dict[str, Any]:
 
         GangParallel.mean, GangParallel.checkpointer = mean_of_a_dying_round, keep
     return {**rank_main(*args), "restart_count": int(count)}
+
+
+def rank_of_this_process() -> int:
+    """A rank's entry point that only says which global rank it is."""
+    import os
+
+    return int(os.environ["RANK"])
+
+
+def refusing_rank() -> None:
+    """A rank's entry point that fails at once."""
+    raise RuntimeError("this rank refuses")

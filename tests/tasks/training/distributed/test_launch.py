@@ -21,14 +21,24 @@ import torch
 from gpuflow.blocks.checkpoint_storage import CheckpointStorage
 from gpuflow.tasks.training import control as training_control
 from gpuflow.tasks.training.checkpoint import LAYOUT_DCP, CheckpointManager
-from gpuflow.tasks.training.distributed.launch import run_gang
+from gpuflow.tasks.training.distributed.launch import (
+    GangFailedError,
+    free_port,
+    launch_agent,
+    run_gang,
+)
 from gpuflow.tasks.training.loop import train_loop, trained_model
 from gpuflow.tasks.training.spec import TrainSpec
 from gpuflow.tasks.training.storage import LocalStorage
 
 from tests.helpers.step_gate import StepGate
 from tests.tasks.remediation.helpers import wait_until
-from tests.tasks.training.distributed.gang_helpers import UNITS, gang_spec
+from tests.tasks.training.distributed.gang_helpers import (
+    UNITS,
+    gang_spec,
+    rank_of_this_process,
+    refusing_rank,
+)
 
 pytestmark = pytest.mark.integration
 JOB = "gang"
@@ -149,3 +159,33 @@ def test_the_fresh_store_switch_stays_on_until_the_last_agent_of_the_process_end
     assert os.environ[launch._FRESH_STORE_ENV] == "1"
     second.__exit__(None, None, None)
     assert os.environ[launch._FRESH_STORE_ENV] == "0"
+
+
+def _agent(entry, log_root: Path, run: str) -> dict:
+    return launch_agent(
+        entry,
+        (),
+        nodes=1,
+        nproc=2,
+        rendezvous_id=run,
+        endpoint=("127.0.0.1", free_port()),
+        is_host=True,
+        join_timeout_s=60,
+        local_addr="127.0.0.1",
+        what=f"probe {run}",
+        log_root=log_root,
+    )
+
+
+def test_an_agent_removes_its_log_folder_after_a_success_and_keeps_it_after_a_failure(
+    tmp_path: Path,
+) -> None:
+    logs = tmp_path / "elastic"
+    assert _agent(rank_of_this_process, logs, "ok") == {0: 0, 1: 1}
+    assert list(logs.iterdir()) == []  # torchelastic's default would leave a folder behind
+    with pytest.raises(GangFailedError, match="probe refused failed after 0 restart") as err:
+        _agent(refusing_rank, logs, "refused")
+    (kept,) = logs.iterdir()
+    errors = sorted(kept.rglob("error.json"))
+    assert len(errors) == 2 and "this rank refuses" in errors[0].read_text()
+    assert str(kept) in str(err.value)  # the error names where the ranks' errors are
