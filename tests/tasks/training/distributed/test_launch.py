@@ -166,7 +166,7 @@ def _agent(entry, log_root: Path, run: str) -> dict:
         entry,
         (),
         nodes=1,
-        nproc=2,
+        nproc=1,
         rendezvous_id=run,
         endpoint=("127.0.0.1", free_port()),
         is_host=True,
@@ -181,11 +181,11 @@ def test_an_agent_removes_its_log_folder_after_a_success_and_keeps_it_after_a_fa
     tmp_path: Path,
 ) -> None:
     logs = tmp_path / "elastic"
-    assert _agent(rank_of_this_process, logs, "ok") == {0: 0, 1: 1}
+    assert _agent(rank_of_this_process, logs, "ok") == {0: 0}
     assert list(logs.iterdir()) == []  # torchelastic's default would leave a folder behind
     with pytest.raises(GangFailedError, match="probe refused failed after 0 restart") as err:
         _agent(refusing_rank, logs, "refused")
     (kept,) = logs.iterdir()
-    errors = sorted(kept.rglob("error.json"))
-    assert len(errors) == 2 and "this rank refuses" in errors[0].read_text()
+    (error,) = kept.rglob("error.json")
+    assert "this rank refuses" in error.read_text()
     assert str(kept) in str(err.value)  # the error names where the ranks' errors are
