@@ -61,6 +61,7 @@ from gpuflow.controlplane_procs import (
 from gpuflow.hardware.backend import InvalidRequestError
 from gpuflow.hardware.home import gpuflow_home
 from gpuflow.tasks.telemetry.settings import DEFAULT_PORT as DEFAULT_EXPORTER_PORT
+from gpuflow.tasks.telemetry.settings import PORT_TAKEN
 from gpuflow.tasks.worker_queues import node_queue_name
 
 __all__ = ["ControlPlane", "ControlPlaneError", "Service", "down", "join", "up"]
@@ -72,7 +73,6 @@ DEFAULT_MLFLOW_PORT = 5000
 EXPORTER = "telemetry-exporter"  # the service name of a host's telemetry exporter
 SERVER_START_TIMEOUT_S = 180  # a server's first start migrates its database
 EXPORTER_PORT_ATTEMPTS = 3  # free ports tried for an exporter asked to take any (port 0)
-PORT_TAKEN = "cannot be bound"  # in the exporter's error when its port is taken (exporter.py)
 JOIN_CHECK_TIMEOUT_S = 10
 # Where `gpuflow up` reads the store URLs from (gpuflow.cli): kept from other processes.
 SECRET_ENV = ("GPUFLOW_PREFECT_DATABASE_URL", "GPUFLOW_MLFLOW_BACKEND_URI")

@@ -28,6 +28,7 @@ from gpuflow.tasks.telemetry.collector import SnapshotCollector
 from gpuflow.tasks.telemetry.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    PORT_TAKEN,
     resolve_host,
     validate_exporter_interval,
     validate_port,
@@ -168,7 +169,7 @@ class TelemetryExporter:
             )
         except OSError as exc:
             raise InvalidRequestError(
-                f"--port {port} on --host {host} cannot be bound ({exc.strerror or exc}); "
+                f"--port {port} on --host {host} {PORT_TAKEN} ({exc.strerror or exc}); "
                 "pick another (0: any free port)"
             ) from None
         self._server = server

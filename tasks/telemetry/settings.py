@@ -12,6 +12,8 @@ from gpuflow.tasks.health.sampler import MIN_INTERVAL_S, validate_interval_s
 # Beside dcgm-exporter's 9400 (a host may run both while it moves over), not on it.
 DEFAULT_PORT = 9450
 DEFAULT_HOST = "127.0.0.1"
+# In the exporter's error when its port is taken: `gpuflow up` retries another on seeing it.
+PORT_TAKEN = "cannot be bound"
 
 
 def validate_exporter_interval(interval_s: float) -> float:
