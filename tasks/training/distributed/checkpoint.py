@@ -31,6 +31,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -299,7 +300,10 @@ def load_model_weights(manager: CheckpointManager, model: torch.nn.Module, scrat
         try:
             manager.fetch(cid, folder)
             state = {MODEL: model.state_dict()}
-            dcp.load(state, checkpoint_id=folder, no_dist=True)
+            with warnings.catch_warnings():
+                # DCP warns that it "assumes" one process even when no_dist=True says so.
+                warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+                dcp.load(state, checkpoint_id=folder, no_dist=True)
             model.load_state_dict(state[MODEL])
             return cid
         except (CheckpointCorruptError, StorageError) as exc:
