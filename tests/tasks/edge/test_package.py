@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
+from gpuflow.tasks.edge.nodes import free_port
 from gpuflow.tasks.edge.package import PROBE_PORT, SERVING_PORT, SERVING_UID, dockerfile_text
 from gpuflow.tasks.edge.serving.client import OipClient
 from onnx import TensorProto, helper, save
@@ -118,12 +118,6 @@ def _toy_shard(folder: Path) -> ShardManifest:
     return manifest
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _in_container(argv: list[str], image: Path, ports: dict[int, int]) -> list[str]:
     """The entry point as it runs in the container: absolute paths under the image's root,
     its ports as `docker run -p` would publish them, on loopback."""
@@ -181,7 +175,7 @@ def test_the_image_recipe_serves_a_shard_from_only_what_it_copies_and_installs(
             entrypoint = json.loads(args)
     assert {"onnxruntime", "grpcio", "numpy"} <= dists
     _site_of(dists, site)
-    ports = {SERVING_PORT: _free_port(), PROBE_PORT: _free_port()}
+    ports = {SERVING_PORT: free_port("127.0.0.1", 0), PROBE_PORT: free_port("127.0.0.1", 0)}
     # -S: no site-packages of this venv (where gpuflow itself is installed), only the
     # image's; `python -m` from the WORKDIR finds gpuflow where the COPY lines put it.
     env = {"PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
