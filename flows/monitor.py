@@ -9,6 +9,10 @@ loss exceeds the cost of checkpoint + migration ("act"), at or above ``threshold
 drain-at-once level, 0.85) or gone (risk 1.0, "device lost") gets one
 ``gpuflow.device.health-risk`` event per incident, carrying the decision; the
 ``remediate`` deployment's trigger starts on it.
+
+Beside the champion the registered challenger (the cheapest model of another kind on
+validation) is scored in shadow: decided by the same rule, recorded, never acted on; the
+run's artifact sets the two side by side (tasks.health.shadow).
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from gpuflow.tasks.health.monitor import (
     CostLookup,
     RoundReport,
     describe_model,
+    load_challenger_task,
     load_health_model_task,
     monitor_dir,
     run_monitor_task,
     validate_thresholds,
 )
 from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, validate_interval_s
+from gpuflow.tasks.health.shadow import scorecard_rows
 from gpuflow.tasks.node_scope import node_backend
 from gpuflow.tasks.remediation.costs import FleetCosts
 from gpuflow.tasks.worker_queues import node_queue_name
@@ -50,6 +56,7 @@ def monitor(
     fast_forward: bool = False,
     node: str | None = None,
     costs: dict[str, float] | None = None,
+    challenger_uri: str | None = None,
 ) -> dict[str, Any]:
     """Watch the fleet for ``rounds`` x ``interval_s`` seconds. ``threshold``: the
     drain-at-once level (the cost rule acts below it). ``model_uri``: None for the
@@ -57,7 +64,9 @@ def monitor(
     URI. ``fast_forward`` (twin only): advance the twin's clock instead of sleeping.
     ``node``: watch that node only (a host's own monitor, gpuflow.controlplane_nodes).
     ``costs``: overrides of the cost defaults for jobs without a measurement
-    (checkpoint_save_s, restart_s, relaunch_s, gpu_failures_per_day)."""
+    (checkpoint_save_s, restart_s, relaunch_s, gpu_failures_per_day). ``challenger_uri``:
+    the model scored in shadow; None for the registered challenger beside a registered
+    champion, "none" for no shadow, or an MLflow URI."""
     logger = get_run_logger()
     interval_s = validate_interval_s(interval_s)
     validate_thresholds(threshold, clear_threshold)
@@ -76,15 +85,18 @@ def monitor(
         wait = advance
     model, uri = load_health_model_task(model_uri)
     source = describe_model(model, uri)  # which model and horizon decide, in every event
+    challenger, challenger_source = load_challenger_task(model_uri, challenger_uri)
+    shadow_source = describe_model(challenger, challenger_source) if challenger else None
     inventory = cluster.get_inventory()
     logger.info(
         "monitor: %d rounds every %g s, model %s; decided by cost (defaults %s), "
-        "drain at once at risk >= %g",
+        "drain at once at risk >= %g; in shadow: %s",
         rounds,
         interval_s,
         source,
         defaults.to_dict(),
         threshold,
+        shadow_source or "no challenger",
     )
     progress_id = create_progress_artifact(0.0, description=f"monitor: {rounds} rounds")
 
@@ -101,6 +113,8 @@ def monitor(
             )
         for key in report.cleared:
             logger.info("incident closed for %s", key)
+        for e in report.shadow.emitted if report.shadow else ():
+            logger.info("challenger (shadow, not acted on) on %s: %s", e["device"], e["decision"])
 
     def round_costs() -> CostLookup:
         # An unreadable inventory must not stop the watch: the drain level still decides.
@@ -119,6 +133,8 @@ def monitor(
         "on_round": on_round,
         "costs": round_costs,
         "model_name": source,
+        "challenger": challenger,
+        "challenger_name": shadow_source,
     }
     if node is not None:
         # Its own windows and incidents: a monitor closes the incidents of devices it no
@@ -143,4 +159,14 @@ def monitor(
         key="monitor-risks",
         description=f"Highest risks of this run (model {source}, drain level {threshold:g})",
     )
+    if result.shadow is not None:
+        card = result.shadow["scorecard"]
+        create_table_artifact(
+            scorecard_rows(card),
+            key="monitor-champion-vs-challenger",
+            description=(
+                f"Champion and challenger (in shadow) since the pair started: "
+                f"{card['failures']} failures seen"
+            ),
+        )
     return {**result.to_dict(), "model": source}

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -271,12 +272,22 @@ def monitor_cmd(
             raise _fail(str(exc)) from None
         bar.update(job, completed=rounds)
     console.print(
-        f"{result['devices']} devices, {result['rounds']} rounds, model {result['model']}: "
+        f"{result['devices']} devices, {result['rounds']} rounds, model {escape(result['model'])}: "
         f"{len(result['emitted'])} events emitted, {len(result['open_incidents'])} "
         "incidents open"
     )
     for e in result["emitted"]:
-        console.print(f"  event {e['event_id']} {e['device']} ({e['reason']}): {e['decision']}")
+        console.print(
+            f"  event {e['event_id']} {e['device']} ({e['reason']}): {escape(e['decision'])}"
+        )
+    shadow = result.get("shadow")
+    if shadow:
+        console.print(
+            f"challenger in shadow, {escape(shadow['model'])}: {len(shadow['emitted'])} decisions "
+            "to act recorded, none acted on"
+        )
+        for e in shadow["emitted"]:
+            console.print(f"  would have: {e['device']} ({e['reason']}): {escape(e['decision'])}")
 
 
 @app.command("status")
@@ -336,4 +347,26 @@ def status_cmd() -> None:
             since,
             inc["event_id"],
         )
+    console.print(table)
+    _print_scorecard(monitor_dir())
+
+
+def _print_scorecard(state_dir: Any) -> None:
+    """The champion against the challenger in shadow, since the pair started (if any)."""
+    from gpuflow.tasks.health.shadow import SCORECARD, Scorecard, scorecard_rows
+
+    card = Scorecard.read(state_dir / SCORECARD)
+    if card is None:
+        return  # no challenger has been scored here
+    since = datetime.fromtimestamp(card.since_s, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    console.print(
+        f"champion vs challenger (in shadow, not acted on) since {since} (device clock): "
+        f"{escape(card.champion)} against {escape(card.challenger)}"
+    )
+    table = Table()
+    rows = scorecard_rows(card.summary())
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if v is None else escape(str(v)) for v in row.values()))
     console.print(table)

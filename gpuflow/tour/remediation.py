@@ -33,6 +33,63 @@ def _health_model(model_uri: str | None = None) -> tuple[Any, str]:
     return model, f"champion by cost: {describe_model(model, source)}"
 
 
+def _challenger(model_uri: str | None) -> tuple[Any, str | None]:
+    """The challenger registered beside that champion, scored in shadow, or (None, None)."""
+    from gpuflow.tasks.health.monitor import describe_model
+    from gpuflow.tasks.health.registry import load_challenger
+
+    model, source = load_challenger(model_uri)
+    return (model, describe_model(model, source)) if model is not None else (None, None)
+
+
+class ShadowWatch:
+    """What the challenger decided on one device, round by round (the monitor's on_round)."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.acted: tuple[int, dict[str, Any]] | None = None  # (round, its decision)
+        self.last: dict[str, Any] | None = None  # its decision in the latest round
+        self.max_risk = 0.0  # its highest risk on the device over the rounds
+
+    def __call__(self, round_no: int, report: Any) -> None:
+        shadow = report.shadow
+        if shadow is None:
+            return
+        for e in shadow.emitted:
+            if e["device"] == self.device and self.acted is None:
+                self.acted = (round_no, e)
+        for r in shadow.risks:
+            if f"{r.node}:{r.index}" == self.device:
+                self.max_risk = max(self.max_risk, r.risk)
+        decided = shadow.decisions.get(self.device)
+        if decided is not None:
+            self.last = decided.to_dict()
+
+    def line(self, name: str, champion_round: int) -> str:
+        """One line for the tour: whether and when the challenger would have acted."""
+        if self.acted is not None:
+            at, e = self.acted
+            ahead = champion_round - at
+            when = (
+                f"{ahead * 10} twin-minutes before the champion"
+                if ahead > 0
+                else "in the same round as the champion"
+            )
+            level = e.get("break_even_risk")
+            return (
+                f"{name}: would have acted ({e['action']}, {e['decided_by']}) after {at} "
+                f"rounds, {when}: risk {e['risk']:.4f}"
+                + (f" >= break-even {level:.4f}" if level is not None else "")
+            )
+        d = self.last or {}
+        level = d.get("break_even_risk")
+        return (
+            f"{name}: would not have acted by then ({d.get('action', 'no decision')}): risk "
+            f"{d.get('risk', 0.0):.4f} now, at most {self.max_risk:.4f} over the rounds"
+            + (f", break-even {level:.4f}" if level is not None else "")
+        )
+
+
 def _time_to_recover_s(timeline: list[dict[str, Any]]) -> float | None:
     """From the risk being seen to the job running again elsewhere (wall seconds)."""
     from gpuflow.tasks.remediation.ledger import JOB_RESUMED, RISK_SEEN
@@ -104,6 +161,8 @@ def predicted_fault_tour(
         backend.inject_fault(node, int(index), "hbm", lead_s=4 * 3600.0)
 
         model, model_name = _health_model(model_uri)
+        challenger, challenger_name = _challenger(model_uri)
+        watch = ShadowWatch(f"{node}:{index}")
         events: list[dict[str, Any]] = []
 
         def keep(
@@ -137,6 +196,9 @@ def predicted_fault_tour(
                 state_dir=monitor_dir(),
                 costs=lambda: FleetCosts(control),
                 model_name=model_name,
+                challenger=challenger,
+                challenger_name=challenger_name,
+                on_round=lambda _i, report, n=rounds: watch(n, report),
             )
             if any((e["node"], e["index"]) == (node, int(index)) for e in events):
                 break
@@ -169,6 +231,9 @@ def predicted_fault_tour(
             "device": f"{node}:{index}",
             "health model": model_name,
             "risk": round(risk, 3),
+            "challenger (in shadow)": watch.line(challenger_name, rounds)
+            if challenger is not None
+            else "none registered",
             "decision": f"{decision['action']} ({decision['decided_by']}, drain level "
             f"{decision['drain_risk']:g}, break-even {decision.get('break_even_risk')})",
             "top features": ev["payload"]["top_features"],

@@ -169,3 +169,10 @@ def champion_of(table: list[CostResult]) -> CostResult:
     if not table:
         raise ValueError("no candidate to choose a champion from")
     return min(table, key=lambda r: r.cost_gpu_h_per_1000_dd)
+
+
+def challenger_of(table: list[CostResult], champion: str) -> CostResult | None:
+    """The cheapest (model, horizon) of another kind than ``champion``: what the monitor
+    scores in shadow beside it (tasks.health.shadow); None when there is no other kind."""
+    others = [r for r in table if r.model != champion]
+    return champion_of(others) if others else None

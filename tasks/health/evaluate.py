@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 from gpuflow.tasks.health.history import SplitData
+from gpuflow.tasks.health.horizons import DEFAULT_LEAD_MIN_S as DEFAULT_LEAD_MIN_S
 from gpuflow.tasks.health.model import weighted_ap
 from sklearn.metrics import precision_recall_curve
 
 ABRUPT_CLASSES = ("xid79", "ecc-uncorrectable")
 CLASSES = ("hbm", "thermal", "xid79", "ecc-uncorrectable")
-DEFAULT_LEAD_MIN_S = 300.0
 DEFAULT_THRESHOLD = 0.85
 
 

@@ -19,6 +19,8 @@ import numpy as np
 
 HOUR_S = 3600.0
 HORIZONS_S: tuple[float, ...] = (HOUR_S, 6 * HOUR_S, 24 * HOUR_S, 72 * HOUR_S)
+# An alarm counts only if it came this long before the failure: time to checkpoint.
+DEFAULT_LEAD_MIN_S = 300.0
 
 
 def horizon_label(h_s: float) -> str:

@@ -13,6 +13,10 @@ not emit on every run): CLEAR_RATIO x the break-even risk for an ``act`` inciden
 clear threshold for a ``drain-now`` one; or when a lost device answers again (repaired);
 only then can the device emit again. A lock file keeps two monitor runs from
 interleaving their state.
+
+A challenger, when given, is scored in shadow on the same windows and decided by the same
+rule into a book of its own: its decisions are recorded, never emitted (tasks.health.shadow,
+which also keeps the scorecard that compares the two).
 """
 
 from __future__ import annotations
@@ -33,10 +37,17 @@ from gpuflow.hardware.home import gpuflow_home
 from gpuflow.tasks.health.decision import DRAIN_RISK, Decision, DeviceCosts, decide
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
 from gpuflow.tasks.health.fleet_windows import FleetWindows
+from gpuflow.tasks.health.horizons import DEFAULT_LEAD_MIN_S
 from gpuflow.tasks.health.registry import RULES_URI as RULES_URI  # callers import it from here
-from gpuflow.tasks.health.registry import load_health_model
-from gpuflow.tasks.health.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, validate_interval_s
+from gpuflow.tasks.health.registry import load_challenger, load_health_model
+from gpuflow.tasks.health.sampler import (
+    DEFAULT_INTERVAL_S,
+    FleetSample,
+    TelemetrySampler,
+    validate_interval_s,
+)
 from gpuflow.tasks.health.scoring import DEVICE_FAILED_REASON, FleetScorer, max_clocks
+from gpuflow.tasks.health.shadow import SCORECARD, SHADOW_BOOK, Scorecard, record_only
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -110,6 +121,7 @@ class RoundReport:
     emitted: list[dict[str, Any]] = field(default_factory=list)
     cleared: list[str] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)  # devices decided this round
+    shadow: RoundReport | None = None  # the challenger's round, when one is scored
 
 
 def _forced(r: DeviceRisk) -> str | None:
@@ -256,6 +268,9 @@ class MonitorResult:
     open_incidents: dict[str, dict[str, Any]]
     max_risk: dict[str, float]  # per device over the run
     score_s: float  # time spent scoring (not sampling or waiting)
+    # The challenger's decisions this run (what it would have emitted, its open incidents)
+    # and the scorecard since the pair started; None without a challenger.
+    shadow: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -266,7 +281,13 @@ class MonitorResult:
             "open_incidents": self.open_incidents,
             "max_risk": self.max_risk,
             "score_s": round(self.score_s, 4),
+            "shadow": self.shadow,
         }
+
+
+def sample_clock_s(fleet: FleetSample) -> float:
+    """The round's time on the devices' own clock (the twin's when it fast-forwards)."""
+    return max((s.timestamp_s for s in fleet.samples), default=fleet.taken_at_s)
 
 
 def run_monitor(
@@ -282,24 +303,37 @@ def run_monitor(
     on_round: Callable[[int, RoundReport], None] | None = None,
     costs: Callable[[], CostLookup] | None = None,
     model_name: str | None = None,
+    challenger: HealthModel | None = None,
+    challenger_name: str | None = None,
 ) -> MonitorResult:
     """``rounds`` samples of every device ``interval_s`` apart; each one scored, decided,
     incidents opened (event emitted) and closed; the state saved after every round.
 
     ``threshold``: the drain level. ``costs``: called once a round for that round's cost
     look-up (tasks.remediation.costs.FleetCosts over the inventory); None: the drain level
-    alone decides. ``model_name``: what the decisions say scored them."""
+    alone decides. ``model_name``: what the decisions say scored them. ``challenger``:
+    a model scored in shadow (module doc), named ``challenger_name``."""
     interval_s = validate_interval_s(interval_s)
     threshold, clear = validate_thresholds(threshold, clear_threshold)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     state_dir = state_dir or monitor_dir()
     name = model_name or getattr(model, "name", None) or type(model).__name__
+    shadow_name = challenger_name or getattr(challenger, "name", None) or "challenger"
     with monitor_lock(state_dir):
         win_path = state_dir / "windows.npz"
         windows = FleetWindows.load_or_new(win_path, window=model.window)
         book = IncidentBook(state_dir / "incidents.json")
-        scorer = FleetScorer(model, windows, explain_above=min(clear, threshold, EXPLAIN_ABOVE))
+        explain_above = min(clear, threshold, EXPLAIN_ABOVE)
+        scorer = FleetScorer(model, windows, explain_above=explain_above)
+        shadow = None
+        if challenger is not None:  # refused here if it reads other windows or features
+            shadow = (
+                FleetScorer(challenger, windows, explain_above=explain_above),
+                IncidentBook(state_dir / SHADOW_BOOK),
+            )
+        card: Scorecard | None = None
+        shadow_emitted: list[dict[str, Any]] = []
         sampler = TelemetrySampler(backend, interval_s, wait=wait)
         emitted: list[dict[str, Any]] = []
         cleared: list[str] = []
@@ -308,10 +342,38 @@ def run_monitor(
         score_s = 0.0
         for i, fleet in enumerate(sampler.rounds(rounds)):
             t0 = time.perf_counter()
-            risks = scorer.score_round(fleet, max_clocks(sampler, fleet))
+            rows = windows.update(fleet.samples, max_clocks(sampler, fleet))
+            risks = scorer.score_rows(fleet, rows)
+            shadow_risks = shadow[0].score_rows(fleet, rows) if shadow else []
             score_s += time.perf_counter() - t0
             lookup = costs() if costs is not None else None
+            before = dict(book.open)
             report = apply_round(risks, book, threshold, clear, emit, costs=lookup, model=name)
+            if shadow is not None:
+                shadow_book = shadow[1]
+                shadow_before = dict(shadow_book.open)
+                report.shadow = apply_round(
+                    shadow_risks,
+                    shadow_book,
+                    threshold,
+                    clear,
+                    record_only,
+                    costs=lookup,
+                    model=shadow_name,
+                )
+                now = sample_clock_s(fleet)
+                if card is None:
+                    card = Scorecard.load(
+                        state_dir / SCORECARD, name, shadow_name, now, DEFAULT_LEAD_MIN_S
+                    )
+                card.observe(
+                    risks,
+                    {"champion": (before, report), "challenger": (shadow_before, report.shadow)},
+                    now,
+                )
+                shadow_emitted += report.shadow.emitted
+                shadow_book.save()
+                card.save(state_dir / SCORECARD)
             windows.save(win_path)
             book.save()
             devices = len(risks)
@@ -322,7 +384,17 @@ def run_monitor(
                 max_risk[key] = max(max_risk.get(key, 0.0), round(r.risk, 6))
             if on_round is not None:
                 on_round(i, report)
-        return MonitorResult(rounds, devices, emitted, cleared, dict(book.open), max_risk, score_s)
+        shadow_out = None
+        if shadow is not None and card is not None:
+            shadow_out = {
+                "model": shadow_name,
+                "emitted": shadow_emitted,
+                "open_incidents": dict(shadow[1].open),
+                "scorecard": card.summary(),
+            }
+        return MonitorResult(
+            rounds, devices, emitted, cleared, dict(book.open), max_risk, score_s, shadow_out
+        )
 
 
 # -- which model -------------------------------------------------------------------------------
@@ -335,7 +407,8 @@ def describe_model(model: HealthModel, source: str) -> str:
     kind = getattr(model, "name", None) or type(model).__name__
     h = getattr(model, "horizon_s", None)
     within = f" P(fail within {horizon_label(h)})" if h else ""
-    return f"{kind}{within} [{source}]"
+    version = getattr(model, "registry_version", None)
+    return f"{kind}{within} [{source}{f' v{version}' if version else ''}]"
 
 
 # -- Prefect tasks -----------------------------------------------------------------------------
@@ -343,5 +416,8 @@ def describe_model(model: HealthModel, source: str) -> str:
 
 load_health_model_task = task(
     load_health_model, name="load-health-model", retries=2, retry_delay_seconds=2, cache_policy=NONE
+)
+load_challenger_task = task(
+    load_challenger, name="load-challenger", retries=2, retry_delay_seconds=2, cache_policy=NONE
 )
 run_monitor_task = task(run_monitor, name="monitor-rounds", cache_policy=NONE)

@@ -39,6 +39,7 @@ from gpuflow.tasks.health.calibration import calibration_report, plot_reliabilit
 from gpuflow.tasks.health.champion import (
     CostResult,
     best_by_model,
+    challenger_of,
     champion_of,
     cost_table,
     decision_threshold,
@@ -68,6 +69,7 @@ from gpuflow.tasks.health.model import (
     save_health_model,
     train_lstm,
 )
+from gpuflow.tasks.health.registry import CHALLENGER_ALIAS
 from prefect import task
 from prefect.cache_policies import NONE
 from threadpoolctl import threadpool_limits
@@ -144,6 +146,7 @@ class TrainingOutcome:
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)  # test, per model
     calibration_split: str = ""
     costs: CostDefaults = field(default_factory=CostDefaults)  # what the champion was chosen by
+    challenger: str | None = None  # the cheapest of another kind: scored in shadow
 
     def model(self, name: str) -> Any:
         return {"lstm": self.lstm, "gbt": self.gbt, "rules": self.rules}[name]
@@ -154,15 +157,22 @@ class TrainingOutcome:
 
     def champion_line(self) -> str:
         """Which model decides, at which horizon and threshold, and why."""
-        h = self.horizons.get(self.champion, HORIZONS_S[0])
-        best = {r.model: r for r in self.val_costs if r.horizon_s == h}.get(self.champion)
+        return self.line_for(self.champion)
+
+    def challenger_line(self) -> str | None:
+        return None if self.challenger is None else self.line_for(self.challenger)
+
+    def line_for(self, name: str) -> str:
+        """``name`` at its horizon, with its validation figure by the cost rule."""
+        h = self.horizons.get(name, HORIZONS_S[0])
+        best = {r.model: r for r in self.val_costs if r.horizon_s == h}.get(name)
         why = (
             f"; on validation it saves {best.saved_gpu_h_per_1000_dd:.2f} GPU-h per 1,000 "
             f"device-days at break-even risk {best.threshold:.4f}"
             if best is not None
             else ""
         )
-        return f"{self.champion} within {horizon_label(h)}, by the cost rule{why}"
+        return f"{name} within {horizon_label(h)}, by the cost rule{why}"
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -172,6 +182,8 @@ class TrainingOutcome:
             "gbt": self.gbt_info,
             "champion": self.champion,
             "champion_line": self.champion_line(),
+            "challenger": self.challenger,
+            "challenger_line": self.challenger_line(),
             "horizons": {k: horizon_label(v) for k, v in self.horizons.items()},
             "thresholds": self.thresholds,
             "val_costs": [r.to_dict() for r in self.val_costs],
@@ -276,6 +288,7 @@ def train_and_evaluate(
     for k, m in models.items():
         m.use_horizon(horizons[k])
     champion = champion_of(val_costs).model
+    runner_up = challenger_of(val_costs, champion)
     test_costs = cost_table(models, test, test_risks, lead_min_s, costs)
 
     def at(name: str) -> np.ndarray:
@@ -334,6 +347,7 @@ def train_and_evaluate(
         at_cost=at_cost,
         horizons=horizons,
         champion=champion,
+        challenger=runner_up.model if runner_up is not None else None,
         val_costs=val_costs,
         test_costs=test_costs,
         calibration=calibration,
@@ -361,7 +375,6 @@ def log_outcome(
     with its kind, horizon and decision threshold."""
     import mlflow
     from gpuflow.tasks.tracking import flat_params, tracking_uri, use_experiment
-    from mlflow.models import infer_signature
     from mlflow.tracking import MlflowClient
 
     experiment_id = use_experiment(experiment)
@@ -407,19 +420,12 @@ def log_outcome(
                 json.dumps(outcome.summary(), indent=2, default=_json_default)
             )
             mlflow.log_artifacts(tmp, artifact_path="evaluation")
-        # Windows in, a risk per horizon out: stated (no type hint can say it), with an
-        # all-zero window as the example MLflow keeps beside it.
-        example = np.zeros((1, champ.window, N_FEATURES), dtype=np.float32)
-        signature = infer_signature(example, champ.predict_risks(example))
-        with tempfile.TemporaryDirectory() as tmp:
-            model_info = mlflow.pyfunc.log_model(
-                name="model",
-                python_model=HEALTH_PYFUNC_CODE,
-                artifacts=save_health_model(champ, Path(tmp)),
-                signature=signature,
-                input_example=example,
-                pip_requirements=_requirements(),
-            )
+        model_info = _log_pyfunc(champ, "model")
+        challenger_info = (
+            _log_pyfunc(outcome.model(outcome.challenger), CHALLENGER_ALIAS)
+            if outcome.challenger is not None
+            else None
+        )
         tags = {
             "gpuflow.capability": "health",
             "gpuflow.champion": outcome.champion,
@@ -446,6 +452,7 @@ def log_outcome(
         client.set_registered_model_alias(model_name, alias, mv.version)
         for key in ("champion", "champion_line", "horizon_s", "decision_threshold"):
             client.set_model_version_tag(model_name, mv.version, key, tags[f"gpuflow.{key}"])
+        client.set_model_version_tag(model_name, mv.version, "role", "champion")
         result.update(
             {
                 "model_name": model_name,
@@ -454,7 +461,50 @@ def log_outcome(
                 "registry_uri": f"models:/{model_name}@{alias}",
             }
         )
+    if register and challenger_info is not None and outcome.challenger is not None:
+        # Beside the champion, scored in shadow by the monitor (tasks.health.shadow).
+        ch_alias = CHALLENGER_ALIAS if alias == CHAMPION_ALIAS else f"{alias}-{CHALLENGER_ALIAS}"
+        ch_h = outcome.horizons[outcome.challenger]
+        ch_t = decision_threshold(ch_h, champ_costs) if outcome.challenger != "rules" else 0.5
+        cv = mlflow.register_model(challenger_info.model_uri, model_name)
+        client.set_registered_model_alias(model_name, ch_alias, cv.version)
+        for key, value in (
+            ("role", CHALLENGER_ALIAS),
+            ("challenger", outcome.challenger),
+            ("challenger_line", outcome.challenger_line() or ""),
+            ("horizon_s", str(ch_h)),
+            ("decision_threshold", str(ch_t)),
+        ):
+            client.set_model_version_tag(model_name, cv.version, key, value)
+        result.update(
+            {
+                "challenger": outcome.challenger,
+                "challenger_line": outcome.challenger_line(),
+                "challenger_version": str(cv.version),
+                "challenger_uri": f"models:/{model_name}@{ch_alias}",
+            }
+        )
     return result
+
+
+def _log_pyfunc(model: Any, name: str) -> Any:
+    """``model`` logged into the active run as a pyfunc under ``name``. Windows in, a
+    risk per horizon out: stated (no type hint can say it), with an all-zero window as
+    the example MLflow keeps beside it."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    example = np.zeros((1, model.window, N_FEATURES), dtype=np.float32)
+    signature = infer_signature(example, model.predict_risks(example))
+    with tempfile.TemporaryDirectory() as tmp:
+        return mlflow.pyfunc.log_model(
+            name=name,
+            python_model=HEALTH_PYFUNC_CODE,
+            artifacts=save_health_model(model, Path(tmp)),
+            signature=signature,
+            input_example=example,
+            pip_requirements=_requirements(),
+        )
 
 
 def _requirements() -> list[str]:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 REGISTERED_MODEL = "gpuflow-health"
 CHAMPION_ALIAS = "champion"
+# The cheapest candidate on validation of another kind than the champion, scored in shadow
+# beside it (tasks.health.shadow); NO_CHALLENGER switches that off.
+CHALLENGER_ALIAS = "challenger"
+NO_CHALLENGER = "none"
 RULES_URI = "rules"
 # The logged pyfunc's artifact holding the pickled health model (pyfunc_model.py).
 HEALTH_MODEL_ARTIFACT = "health_model"
@@ -71,6 +75,8 @@ def load_champion(name: str = REGISTERED_MODEL, alias: str = CHAMPION_ALIAS) -> 
     if cached is not None and cached[0] == version.version:
         return cached[1]
     model = load_registered(f"models:/{name}/{version.version}")
+    # Which version decided, for events and the shadow scorecard (an alias moves).
+    model.registry_version = str(version.version)
     _champion_cache[key] = (version.version, model)
     return model
 
@@ -87,8 +93,15 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
             return load_champion(), champion_uri()
         except LookupError:
             return RuleModel(WINDOW_BUCKETS), f"{RULES_URI} (no champion registered)"
+    alias = registry_alias(model_uri)
+    if alias is not None:  # by alias: cached per version, and the version is named
+        try:
+            return load_champion(*alias), model_uri
+        except LookupError as exc:
+            raise ValueError(str(exc)) from exc
     import mlflow
     from gpuflow.tasks.tracking import tracking_uri
+    from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_registry_uri(tracking_uri())
@@ -96,15 +109,61 @@ def load_health_model(model_uri: str | None = None) -> tuple[HealthModel, str]:
         return load_registered(model_uri), model_uri
     except LookupError as exc:
         raise ValueError(str(exc)) from exc
+    except MlflowException as exc:  # no such model, version or alias
+        raise ValueError(f"cannot load health model {model_uri!r}: {exc.message}") from exc
+
+
+def registry_alias(model_uri: str) -> tuple[str, str] | None:
+    """(name, alias) of a ``models:/NAME@ALIAS`` URI, else None."""
+    prefix = "models:/"
+    if not model_uri.startswith(prefix) or "@" not in model_uri:
+        return None
+    name, _, alias = model_uri[len(prefix) :].rpartition("@")
+    return (name, alias) if name and alias and "/" not in alias else None
+
+
+def registered_name(model_uri: str | None) -> str | None:
+    """The registered model behind ``model_uri`` when it names its champion
+    (``models:/NAME@champion``; None: gpuflow's own), else None."""
+    if model_uri is None:
+        return REGISTERED_MODEL
+    alias = registry_alias(model_uri)
+    return alias[0] if alias is not None and alias[1] == CHAMPION_ALIAS else None
+
+
+def load_challenger(
+    model_uri: str | None = None, challenger_uri: str | None = None
+) -> tuple[HealthModel | None, str | None]:
+    """(model, where it came from) to score in shadow beside ``model_uri``, or (None,
+    None). ``challenger_uri``: None for the registered challenger beside the registered
+    champion ``model_uri`` names (none when the champion is not a registry alias, or no
+    challenger is registered); NO_CHALLENGER for none; else an MLflow URI, which must
+    load."""
+    if challenger_uri == NO_CHALLENGER:
+        return None, None
+    if challenger_uri is not None:
+        return load_health_model(challenger_uri)
+    name = registered_name(model_uri)
+    if name is None:
+        return None, None
+    try:
+        return load_champion(name, CHALLENGER_ALIAS), champion_uri(name, CHALLENGER_ALIAS)
+    except LookupError:
+        return None, None
 
 
 __all__ = [
+    "CHALLENGER_ALIAS",
     "CHAMPION_ALIAS",
     "HEALTH_MODEL_ARTIFACT",
     "REGISTERED_MODEL",
     "RULES_URI",
     "champion_uri",
+    "NO_CHALLENGER",
+    "load_challenger",
     "load_champion",
     "load_health_model",
     "load_registered",
+    "registered_name",
+    "registry_alias",
 ]

@@ -76,7 +76,11 @@ class FleetScorer:
 
     def score_round(self, fleet: FleetSample, max_clock_mhz: Sequence[float]) -> list[DeviceRisk]:
         """Update the windows with one round and score every device of it."""
-        rows = self.windows.update(fleet.samples, max_clock_mhz)
+        return self.score_rows(fleet, self.windows.update(fleet.samples, max_clock_mhz))
+
+    def score_rows(self, fleet: FleetSample, rows: np.ndarray) -> list[DeviceRisk]:
+        """Score a round whose samples are already in the windows (at ``rows``): how a
+        second model (the challenger in shadow) reads the windows the first one updated."""
         out: list[DeviceRisk] = []
         if fleet.samples:
             win = self.windows.windows(rows)

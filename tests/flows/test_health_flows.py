@@ -80,7 +80,13 @@ def test_train_then_monitor_emits_through_the_server() -> None:
     twin.inject_fault("a100-0", 3, "xid79")
     out = monitor(rounds=2, fast_forward=True)
     # which model (the champion by cost, whatever its kind) and horizon decided
-    assert out["model"].endswith("[models:/gpuflow-health@champion]") and "within" in out["model"]
+    assert out["model"].endswith("[models:/gpuflow-health@champion v1]"), out["model"]
+    assert "within" in out["model"]
+    # the challenger beside it, in shadow: it saw the lost device too, and emitted nothing
+    shadow = out["shadow"]
+    assert shadow["model"].endswith("[models:/gpuflow-health@challenger v2]"), shadow["model"]
+    assert [e["device"] for e in shadow["emitted"]] == ["a100-0:3"]
+    assert shadow["scorecard"]["failures"] == 1
     emitted = {e["device"]: e for e in out["emitted"]}
     assert emitted["a100-0:3"]["reason"] == "device lost"
     events = read_health_events(resource_id_for("a100-0", 3), started)
@@ -93,6 +99,7 @@ def test_train_then_monitor_emits_through_the_server() -> None:
     assert len(read_health_events(resource_id_for("a100-0", 3), started)) == 1
     res = runner.invoke(app, ["status"])
     assert "a100-0:3" in res.output and "device lost" in res.output
+    assert "champion vs challenger" in res.output and "@challenger v2" in res.output
 
 
 def test_health_train_flow_without_registering() -> None:

@@ -333,6 +333,11 @@ def _tour_health_line(tour: str) -> str:
     return " ".join(found.group(1).split())
 
 
+def _tour_champion(tour: str) -> str:
+    """The fault panel's model that decided (before its risk; the challenger follows)."""
+    return _tour_health_line(tour).split(" risk: ")[0]
+
+
 def test_the_tours_fault_says_what_decided(plane: dict) -> None:
     """The tour's predicted fault names the model that decided, its risk and the rule."""
     line = _tour_health_line(plane["tour"])
@@ -352,10 +357,21 @@ def test_the_tour_trains_the_champion_its_monitor_runs(plane: dict) -> None:
     saved = [int(v) for _, v, _ in ranked]
     assert saved == sorted(saved, reverse=True)  # best first: the first is the champion
     assert re.search(rf"champion: {ranked[0][0]} decided by: {ranked[0][0]} within", flat)
-    line = _tour_health_line(plane["tour"])
+    line = _tour_champion(plane["tour"])
     assert line.startswith(f"champion by cost: {ranked[0][0]} P(fail within"), line
     # its own name: the tour leaves the platform's gpuflow-health@champion alone
-    assert "[models:/gpuflow-health-tour@champion]" in line, line
+    assert re.search(r"\[models:/gpuflow-health-tour@champion v\d+\]$", line), line
+    # The runner-up on validation, of another kind, watched the same fault in shadow,
+    # and the panel says whether it would have acted, at which risk and level.
+    shadow = re.search(
+        r"challenger \(in shadow\): (.*?) decision:", _tour_health_line(plane["tour"])
+    )
+    assert shadow, _tour_health_line(plane["tour"])
+    assert re.match(
+        rf"{ranked[1][0]} P\(fail within \d+h\) \[models:/gpuflow-health-tour@challenger v\d+\]: "
+        r"would (not have acted by then|have acted) .*risk [0-9.]+",
+        shadow.group(1),
+    ), shadow.group(1)
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -363,6 +379,8 @@ def test_the_tour_trains_the_champion_its_monitor_runs(plane: dict) -> None:
     client = mlflow.MlflowClient(uri, registry_uri=uri)
     registered = client.get_model_version_by_alias("gpuflow-health-tour", "champion")
     assert registered.tags["champion"] == ranked[0][0]
+    challenger = client.get_model_version_by_alias("gpuflow-health-tour", "challenger")
+    assert challenger.tags["challenger"] == ranked[1][0]
     with pytest.raises(MlflowException):
         client.get_model_version_by_alias("gpuflow-health", "champion")
 
@@ -374,7 +392,7 @@ def test_the_tour_trains_the_champion_its_monitor_runs(plane: dict) -> None:
     "1,000 device-days against -155 for the trees and -783 for the LSTM), so they decide",
 )
 def test_the_tours_fault_is_decided_by_a_learned_model(plane: dict) -> None:
-    line = _tour_health_line(plane["tour"])
+    line = _tour_champion(plane["tour"])
     assert "champion by cost" in line and re.search(r"\b(lstm|gbt)\b", line, re.I), line
 
 

@@ -6,7 +6,7 @@ import pytest
 from gpuflow.hardware.sim import SimBackend
 from gpuflow.tasks.health.baselines import RuleModel
 from gpuflow.tasks.health.decision import DeviceCosts, JobCosts
-from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, health_risk_payload
+from gpuflow.tasks.health.events import DEVICE_LOST_REASON, health_risk_payload
 from gpuflow.tasks.health.features import WINDOW_BUCKETS
 from gpuflow.tasks.health.monitor import (
     IncidentBook,
@@ -15,6 +15,8 @@ from gpuflow.tasks.health.monitor import (
     run_monitor,
     validate_thresholds,
 )
+
+from tests.helpers.health_risks import risks
 
 
 class Recorder:
@@ -28,17 +30,6 @@ class Recorder:
         self.missing = tuple(missing)
         self.decided = decided  # horizon_s and the decision
         return f"ev-{len(self.calls)}"
-
-
-def risks(**by_key: float | str) -> list[DeviceRisk]:
-    out = []
-    for key, v in by_key.items():
-        node, index = key.split("_")
-        if v == "lost":
-            out.append(DeviceRisk(node, int(index), "sku", 1.0, {}, DEVICE_LOST_REASON))
-        else:
-            out.append(DeviceRisk(node, int(index), "sku", float(v), {"f": 1.0}))
-    return out
 
 
 def test_one_event_per_incident(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from gpuflow.tasks.health.horizons import HORIZONS_S
 from gpuflow.tasks.health.model import CHAMPION_ALIAS, REGISTERED_MODEL, load_champion
 from gpuflow.tasks.health.monitor import RULES_URI, load_health_model
 from gpuflow.tasks.health.pipeline import log_outcome, score_split
+from gpuflow.tasks.health.registry import CHALLENGER_ALIAS, NO_CHALLENGER, load_challenger
 from gpuflow.tasks.tracking import tracking_uri
 from mlflow.tracking import MlflowClient
 
@@ -54,6 +55,11 @@ def test_champion_is_the_cheapest_on_validation(tiny_outcome) -> None:
     assert mine[0].cost_gpu_h_per_1000_dd == cheapest
     assert o.champion_model.horizon_s == o.horizons[o.champion]
     assert o.champion in o.champion_line() and "cost rule" in o.champion_line()
+    # the challenger: the cheapest of the other kinds, at its own cheapest horizon
+    others = [r for r in o.val_costs if r.model != o.champion]
+    runner_up = min(others, key=lambda r: r.cost_gpu_h_per_1000_dd)
+    assert o.challenger == runner_up.model != o.champion
+    assert o.horizons[o.challenger] == runner_up.horizon_s
     # the rule's break-even risk is about 1 % for the reference job, at every horizon
     assert all(0.001 < r.threshold < 0.1 for r in o.val_costs)
     # doing nothing saves nothing: a model that never acts is at 0
@@ -131,6 +137,33 @@ def test_record_register_and_load_champion(tiny_outcome) -> None:
     assert load_champion() is not champion
     model, source = load_health_model(None)
     assert source == rec["registry_uri"]
+    assert model.registry_version == rec2["model_version"]  # which version decided
+
+
+def test_the_challenger_is_registered_beside_the_champion(tiny_outcome) -> None:
+    assert load_challenger(None) == (None, None)  # nothing registered: no shadow
+    rec = log_outcome(tiny_outcome, run_name="test")
+    assert rec["challenger"] == tiny_outcome.challenger
+    assert rec["challenger_uri"] == f"models:/{REGISTERED_MODEL}@{CHALLENGER_ALIAS}"
+    model, source = load_challenger(None)
+    trained = tiny_outcome.model(tiny_outcome.challenger)
+    assert source == rec["challenger_uri"] and type(model) is type(trained)
+    assert model.horizon_s == tiny_outcome.horizons[tiny_outcome.challenger]
+    assert model.registry_version == rec["challenger_version"] != rec["model_version"]
+    client = MlflowClient(tracking_uri())
+    tags = client.get_model_version(REGISTERED_MODEL, rec["challenger_version"]).tags
+    assert tags["role"] == CHALLENGER_ALIAS and tags["challenger"] == tiny_outcome.challenger
+    assert client.get_model_version(REGISTERED_MODEL, rec["model_version"]).tags["role"] == (
+        "champion"
+    )
+    # The champion named by URI brings its own challenger; rules, or "none", bring none.
+    champion_uri = f"models:/{REGISTERED_MODEL}@{CHAMPION_ALIAS}"
+    assert load_challenger(champion_uri)[1] == rec["challenger_uri"]
+    assert load_challenger(RULES_URI) == (None, None)
+    assert load_challenger(None, NO_CHALLENGER) == (None, None)
+    assert load_challenger(None, RULES_URI)[1] == RULES_URI  # an explicit one is loaded
+    with pytest.raises(ValueError, match="no-such"):
+        load_challenger(None, "models:/no-such@champion")
 
 
 def test_score_split_batches(tiny_outcome, tiny_history) -> None:
