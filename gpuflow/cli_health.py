@@ -246,6 +246,13 @@ def monitor_cmd(
     fast_forward: Annotated[
         bool, typer.Option(help="Twin only: advance its clock, don't sleep.")
     ] = False,
+    challenger: Annotated[
+        str | None,
+        typer.Option(
+            help="Model scored in shadow (never acted on): an MLflow URI or 'none'; "
+            "default the registered challenger."
+        ),
+    ] = None,
 ) -> None:
     """Run the `monitor` flow here: sample, score, decide by cost, emit
     gpuflow.device.health-risk events (act: expected loss > checkpoint + migration;
@@ -267,6 +274,7 @@ def monitor_cmd(
                 threshold=threshold,
                 model_uri=model,
                 fast_forward=fast_forward,
+                challenger_uri=challenger,
             )
         except ValueError as exc:
             raise _fail(str(exc)) from None
@@ -283,8 +291,8 @@ def monitor_cmd(
     shadow = result.get("shadow")
     if shadow:
         console.print(
-            f"challenger in shadow, {escape(shadow['model'])}: {len(shadow['emitted'])} decisions "
-            "to act recorded, none acted on"
+            f"challenger in shadow, {escape(shadow['model'])}: would have acted on "
+            f"{len(shadow['emitted'])} device(s); nothing was done for it"
         )
         for e in shadow["emitted"]:
             console.print(f"  would have: {e['device']} ({e['reason']}): {escape(e['decision'])}")

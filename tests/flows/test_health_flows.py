@@ -150,6 +150,18 @@ def test_cli_score_and_monitor_without_a_champion() -> None:
     assert res.exit_code == 0, res.output
     assert "1 events emitted" in res.output
     assert "drain-now (device lost)" in res.output
+    # A challenger named on the command line watches in shadow: its book starts empty, so
+    # it records the lost device the champion's open incident already covers; no event.
+    args = ["monitor", "--rounds", "1", "--model", "rules", "--fast-forward"]
+    res = runner.invoke(app, [*args, "--challenger", "rules"])
+    assert res.exit_code == 0, res.output
+    assert "0 events emitted" in res.output
+    assert "challenger in shadow, rules P(fail within 1h) [rules]: would have acted on 1" in (
+        res.output
+    )
+    assert "would have: v100-0:1 (device lost)" in res.output
+    res = runner.invoke(app, [*args, "--challenger", "models:/no-such-model@champion"])
+    assert res.exit_code == 2 and "no-such-model" in res.output
     res = runner.invoke(app, ["decide", "--device", "v100-0:1", "--model", "rules"])
     assert res.exit_code == 0, res.output
     assert "v100-0:1: drain-now (device lost): model rules" in res.output
