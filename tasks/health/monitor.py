@@ -351,6 +351,13 @@ def run_monitor(
             report = apply_round(risks, book, threshold, clear, emit, costs=lookup, model=name)
             if shadow is not None:
                 shadow_book = shadow[1]
+                now = sample_clock_s(fleet)
+                if card is None:
+                    card, fresh = Scorecard.load(
+                        state_dir / SCORECARD, name, shadow_name, now, DEFAULT_LEAD_MIN_S
+                    )
+                    if fresh:  # another pair: the last challenger's incidents are not its
+                        shadow_book.open.clear()
                 shadow_before = dict(shadow_book.open)
                 report.shadow = apply_round(
                     shadow_risks,
@@ -361,11 +368,6 @@ def run_monitor(
                     costs=lookup,
                     model=shadow_name,
                 )
-                now = sample_clock_s(fleet)
-                if card is None:
-                    card = Scorecard.load(
-                        state_dir / SCORECARD, name, shadow_name, now, DEFAULT_LEAD_MIN_S
-                    )
                 card.observe(
                     risks,
                     {"champion": (before, report), "challenger": (shadow_before, report.shadow)},

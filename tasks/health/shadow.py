@@ -85,15 +85,17 @@ class Scorecard:
     @classmethod
     def load(
         cls, path: Path, champion: str, challenger: str, now_s: float, lead_min_s: float
-    ) -> Scorecard:
-        """The saved scorecard if it is this pair's, else a new one from ``now_s``."""
+    ) -> tuple[Scorecard, bool]:
+        """(the saved scorecard if it is this pair's, else a new one from ``now_s``;
+        whether it is new)."""
         card = cls.read(path)
-        fresh = (
+        if (
             card is None
             or (card.champion, card.challenger) != (champion, challenger)
             or card.lead_min_s != lead_min_s
-        )
-        return cls(champion, challenger, now_s, lead_min_s) if fresh else card
+        ):
+            return cls(champion, challenger, now_s, lead_min_s), True
+        return card, False
 
     def save(self, path: Path) -> None:
         path = Path(path)

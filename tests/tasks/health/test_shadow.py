@@ -90,12 +90,14 @@ def test_a_new_pair_or_a_damaged_file_starts_a_new_scorecard(tmp_path: Path) -> 
     card.failures = 4
     card.roles["challenger"].alarms = 7
     card.save(path)
-    again = Scorecard.load(path, "a", "b", now_s=99.0, lead_min_s=card.lead_min_s)
+    again, fresh = Scorecard.load(path, "a", "b", now_s=99.0, lead_min_s=card.lead_min_s)
     assert (again.since_s, again.failures, again.roles["challenger"].alarms) == (5.0, 4, 7)
-    other = Scorecard.load(path, "a", "c", now_s=99.0, lead_min_s=card.lead_min_s)
+    assert not fresh
+    other, fresh = Scorecard.load(path, "a", "c", now_s=99.0, lead_min_s=card.lead_min_s)
     assert (other.since_s, other.failures, other.roles["challenger"].alarms) == (99.0, 0, 0)
+    assert fresh
     path.write_text("{not json")
-    assert Scorecard.load(path, "a", "b", now_s=7.0, lead_min_s=300.0).since_s == 7.0
+    assert Scorecard.load(path, "a", "b", now_s=7.0, lead_min_s=300.0)[0].since_s == 7.0
 
 
 class RemapOnly(RuleModel):
@@ -148,6 +150,19 @@ def test_the_monitor_scores_the_challenger_in_shadow_and_acts_on_the_champion_on
     assert card["failures"] == 1  # the lost V100; neither warned of an abrupt XID 79
     assert card["champion"]["alarms"] == card["challenger"]["alarms"] == 1
     assert card["champion"]["warned"] == card["challenger"]["warned"] == 0
+    # Another challenger starts its own record: the last one's open incidents are not its.
+    other = run_monitor(
+        twin,
+        RuleModel(WINDOW_BUCKETS),
+        rounds=1,
+        interval_s=5.0,
+        emit=emit,
+        challenger=RemapOnly(WINDOW_BUCKETS),
+        challenger_name="remap-only [test v2]",
+    )
+    assert other.shadow["scorecard"]["challenger"]["model"] == "remap-only [test v2]"
+    assert sorted(e["device"] for e in other.shadow["emitted"]) == ["a100-1:3", "v100-0:2"]
+    assert other.shadow["scorecard"]["challenger"]["alarms"] == 1
     # Without a challenger the monitor keeps no shadow.
     plain = run_monitor(twin, RuleModel(WINDOW_BUCKETS), rounds=1, interval_s=5.0, emit=emit)
     assert plain.shadow is None
