@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuflow.bench.host_load import CpuTimes, load_report
+from gpuflow.bench.host_load import CpuTimes, cpu_report, load_report
 from gpuflow.blocks.edge_fleet import EdgeNode
 from gpuflow.tasks.edge.deploy import Deployment, launch, name_dir, new_version, stop_deployment
 from gpuflow.tasks.edge.export import ExportedModel, cached_export
@@ -320,6 +320,7 @@ def run(quick: bool = False, report: Report = print) -> dict:
             "quick": quick,
             "models": ",".join(m for m, _, _ in plan),
             "load_avg_1m_before": os.getloadavg()[0],
+            **cpu_report(),
         }
     }
     times_before = CpuTimes.now()

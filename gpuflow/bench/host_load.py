@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
+PROC_CPUINFO = Path("/proc/cpuinfo")
+CPUIDLE = Path("/sys/devices/system/cpu/cpuidle")
 # /proc/stat's cpu lines: user nice system idle iowait irq softirq steal guest guest_nice;
 # guest time is already counted in user, so the total stops at steal.
 _STEAL = 7
@@ -66,4 +68,35 @@ def load_report(before: CpuTimes, after: CpuTimes, cores: list[int]) -> dict[str
     pinned = [v for k, v in shares.items() if k != "all"]
     if pinned:
         out["steal_share_max_pinned_core"] = max(pinned)
+    return out
+
+
+def cpu_report(cpuinfo: Path = PROC_CPUINFO, cpuidle: Path = CPUIDLE) -> dict[str, str]:
+    """The CPU's model name and the kernel's idle driver and governor, where Linux says.
+
+    Why the idle driver: a hop wakes a server on another core, and a guest's idle vCPU
+    that halted must be woken by the host (a VM exit and a host reschedule) unless the
+    guest polls for a while first (the "haltpoll" driver and governor of KVM guests). The
+    same chain can then cost more per hop on an idle many-core guest than on a busy
+    two-core one."""
+    out: dict[str, str] = {}
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                out["cpu_model"] = value.strip()
+                break
+    except OSError:
+        pass
+    # Kernels before 5.x name the governor's file current_governor_ro.
+    for key, names in (
+        ("cpuidle_driver", ("current_driver",)),
+        ("cpuidle_governor", ("current_governor", "current_governor_ro")),
+    ):
+        for name in names:
+            try:
+                out[key] = (cpuidle / name).read_text().strip()
+                break
+            except OSError:
+                continue
     return out

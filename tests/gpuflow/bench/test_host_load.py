@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuflow.bench.host_load import CpuTimes, load_report, steal_shares
+from gpuflow.bench.host_load import CpuTimes, cpu_report, load_report, steal_shares
 
 
 def _stat(path: Path, rows: dict[str, list[int]]) -> Path:
@@ -49,3 +49,23 @@ def test_no_proc_stat_reports_load_only(tmp_path: Path) -> None:
 def test_this_machine_reads(tmp_path: Path) -> None:
     now = CpuTimes.now()
     assert "all" in now.cores and now.cores["all"][1] > 0
+
+
+def test_the_cpu_and_its_idle_driver_are_reported_where_linux_says(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu\n")
+    idle = tmp_path / "cpuidle"
+    idle.mkdir()
+    (idle / "current_driver").write_text("haltpoll\n")
+    (idle / "current_governor").write_text("haltpoll\n")
+    assert cpu_report(info, idle) == {
+        "cpu_model": "AMD EPYC 7B13",
+        "cpuidle_driver": "haltpoll",
+        "cpuidle_governor": "haltpoll",
+    }
+    # an older kernel names its governor's file current_governor_ro
+    (idle / "current_governor").rename(idle / "current_governor_ro")
+    assert cpu_report(info, idle)["cpuidle_governor"] == "haltpoll"
+    (idle / "current_governor_ro").unlink()
+    assert "cpuidle_governor" not in cpu_report(info, idle)
+    assert cpu_report(tmp_path / "none", tmp_path / "none") == {}
