@@ -237,6 +237,7 @@ def apply_round(
                 "drain_risk": decision.drain_risk,
                 "expected_loss_gpu_s": decision.expected_loss_gpu_s,
                 "act_cost_gpu_s": decision.act_cost_gpu_s,
+                "failure_cost_gpu_s": decision.failure_cost_gpu_s,
                 "decided_by": decision.decided_by,
                 "decision": decision.summary(),
             }

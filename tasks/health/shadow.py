@@ -14,7 +14,10 @@ pair of models started: for each, the incidents it opened on its risk (alarms), 
 acting on them costs (the decisions' own checkpoint + migration figures), the alarms that
 closed with no failure, and for every failure the fleet then showed (a device failed or
 lost), whether it had an incident open on that device at least ``lead_min_s`` before the
-failure was seen (warned, with the lead). The clock is the samples' own (on the twin, its
+failure was seen (warned, with the lead). A warned failure saves what the decision that
+opened the alarm priced a failure at (the jobs' work since their checkpoint + restart);
+net GPU-hours = saved - acting, in the currency the champion was chosen by
+(tasks.health.champion), counted on the fleet instead of the validation split. The clock is the samples' own (on the twin, its
 fast-forwarded time), so leads mean the same on the twin and on hardware. An operator
 promotes the challenger by moving the registry alias; a new pair starts a new scorecard.
 """
@@ -50,10 +53,12 @@ class RoleRecord:
 
     alarms: int = 0  # incidents opened on its risk
     act_cost_gpu_s: float = 0.0  # checkpoint + migration for those, as its decisions priced them
+    saved_gpu_s: float = 0.0  # the failure cost its decisions priced, for the failures it warned of
     warned: int = 0  # failures with one of its incidents open >= lead_min before
     closed_without_failure: int = 0  # alarms whose incident closed with no failure under it
     lead_s: list[float] = field(default_factory=list)
     opened_at_s: dict[str, float] = field(default_factory=dict)  # open alarms, sample clock
+    failure_cost_s: dict[str, float] = field(default_factory=dict)  # open alarms' priced failure
     failed_under: list[str] = field(default_factory=list)  # open alarms that saw a failure
 
 
@@ -125,6 +130,7 @@ class Scorecard:
                     rec.alarms += 1
                     rec.act_cost_gpu_s += float(e.get("act_cost_gpu_s") or 0.0)
                     rec.opened_at_s[e["device"]] = now_s
+                    rec.failure_cost_s[e["device"]] = float(e.get("failure_cost_gpu_s") or 0.0)
             for key in report.cleared:
                 if before.get(key, {}).get("reason") != MODEL_REASON:
                     continue
@@ -133,6 +139,7 @@ class Scorecard:
                 else:
                     rec.closed_without_failure += 1
                 rec.opened_at_s.pop(key, None)
+                rec.failure_cost_s.pop(key, None)
         for r in risks:
             key = f"{r.node}:{r.index}"
             if r.reason == MODEL_REASON:
@@ -151,6 +158,7 @@ class Scorecard:
                     rec.failed_under.append(key)
                 if now_s - opened >= self.lead_min_s:
                     rec.warned += 1
+                    rec.saved_gpu_s += rec.failure_cost_s.get(key, 0.0)
                     rec.lead_s = [*rec.lead_s, now_s - opened][-MAX_LEADS:]
 
     def summary(self) -> dict[str, Any]:
@@ -163,6 +171,8 @@ class Scorecard:
                 "model": names[role],
                 "alarms": rec.alarms,
                 "act_cost_gpu_h": round(rec.act_cost_gpu_s / 3600.0, 3),
+                "saved_gpu_h": round(rec.saved_gpu_s / 3600.0, 3),
+                "net_gpu_h": round((rec.saved_gpu_s - rec.act_cost_gpu_s) / 3600.0, 3),
                 "warned": rec.warned,
                 "closed_without_failure": rec.closed_without_failure,
                 "lead_p50_min": round(leads[len(leads) // 2] / 60.0, 1) if leads else None,

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gpuflow.hardware.sim import SimBackend
-from gpuflow.tasks.health.decision import DeviceCosts
+from gpuflow.tasks.health.decision import DeviceCosts, JobCosts, decide
 from gpuflow.tasks.health.features import FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.monitor import IncidentBook, apply_round, monitor_dir, run_monitor
 from gpuflow.tasks.health.rules import RuleModel
@@ -34,7 +34,7 @@ class Pair:
         self.card = Scorecard("rules [x v1]", "lstm [x v2]", since_s=0.0, lead_min_s=300.0)
         self.events: list[str] = []
 
-    def round(self, now_s: float, champion: dict, challenger: dict) -> None:
+    def round(self, now_s: float, champion: dict, challenger: dict, costs=None) -> None:
         def emit(node, index, *_a, **_k) -> str:
             self.events.append(f"{node}:{index}")
             return "ev"
@@ -45,7 +45,9 @@ class Pair:
             ("challenger", challenger, record_only),
         ):
             before = dict(self.books[role].open)
-            report = apply_round(risks(**by_key), self.books[role], 0.85, 0.68, sink, now_s)
+            report = apply_round(
+                risks(**by_key), self.books[role], 0.85, 0.68, sink, now_s, costs=costs
+            )
             rounds[role] = (before, report)
         self.card.observe(risks(**champion), rounds, now_s)
 
@@ -82,6 +84,27 @@ def test_the_scorecard_credits_whoever_warned_in_time(tmp_path: Path) -> None:
         ("champion", "rules [x v1]"),
         ("challenger", "lstm [x v2]"),
     ]
+
+
+def test_the_scorecard_prices_alarms_and_warned_failures_as_the_decisions_did(
+    tmp_path: Path,
+) -> None:
+    gang = DeviceCosts((JobCosts("big", 64, 3600.0, 120.0, 600.0, 300.0),), room_elsewhere=True)
+    costs = lambda node, index: gang  # noqa: E731 - every device runs the big gang
+    p = Pair(tmp_path)
+    # The challenger acts on n:0 and n:1 (risk 0.2, far above the big gang's break-even);
+    # the champion on neither. n:0 fails 20 minutes later; n:1 never does.
+    p.round(0.0, {"n_0": 0.0, "n_1": 0.0}, {"n_0": 0.2, "n_1": 0.2}, costs)
+    p.round(1200.0, {"n_0": "lost", "n_1": 0.0}, {"n_0": 0.2, "n_1": 0.2}, costs)
+    decided = decide(0.2, 1800.0, gang)
+    assert decided.action == "act"
+    s = p.card.summary()
+    ch, champ = s["challenger"], s["champion"]
+    assert ch["act_cost_gpu_h"] == pytest.approx(2 * decided.act_cost_gpu_s / 3600, abs=1e-3)
+    assert ch["saved_gpu_h"] == pytest.approx(decided.failure_cost_gpu_s / 3600, abs=1e-3)
+    assert ch["net_gpu_h"] == pytest.approx(ch["saved_gpu_h"] - ch["act_cost_gpu_h"], abs=2e-3)
+    assert ch["net_gpu_h"] > 0  # one failure of a 64-GPU gang outweighs two moves
+    assert (champ["alarms"], champ["saved_gpu_h"], champ["net_gpu_h"]) == (0, 0.0, 0.0)
 
 
 def test_a_new_pair_or_a_damaged_file_starts_a_new_scorecard(tmp_path: Path) -> None:
