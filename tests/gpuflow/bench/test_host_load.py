@@ -58,14 +58,18 @@ def test_the_cpu_and_its_idle_driver_are_reported_where_linux_says(tmp_path: Pat
     idle.mkdir()
     (idle / "current_driver").write_text("haltpoll\n")
     (idle / "current_governor").write_text("haltpoll\n")
-    assert cpu_report(info, idle) == {
+    poll = tmp_path / "guest_halt_poll_ns"
+    poll.write_text("0\n")
+    assert cpu_report(info, idle, poll) == {
         "cpu_model": "AMD EPYC 7B13",
         "cpuidle_driver": "haltpoll",
         "cpuidle_governor": "haltpoll",
+        "guest_halt_poll_ns": "0",
     }
     # an older kernel names its governor's file current_governor_ro
     (idle / "current_governor").rename(idle / "current_governor_ro")
-    assert cpu_report(info, idle)["cpuidle_governor"] == "haltpoll"
+    assert cpu_report(info, idle, poll)["cpuidle_governor"] == "haltpoll"
     (idle / "current_governor_ro").unlink()
-    assert "cpuidle_governor" not in cpu_report(info, idle)
-    assert cpu_report(tmp_path / "none", tmp_path / "none") == {}
+    assert "cpuidle_governor" not in cpu_report(info, idle, poll)
+    none = tmp_path / "none"
+    assert cpu_report(none, none, none) == {}
