@@ -69,7 +69,7 @@ from gpuflow.tasks.health.model import (
     save_health_model,
     train_lstm,
 )
-from gpuflow.tasks.health.registry import CHALLENGER_ALIAS
+from gpuflow.tasks.health.registry import CHALLENGER_ALIAS, challenger_alias_for
 from prefect import task
 from prefect.cache_policies import NONE
 from threadpoolctl import threadpool_limits
@@ -463,7 +463,7 @@ def log_outcome(
         )
     if register and challenger_info is not None and outcome.challenger is not None:
         # Beside the champion, scored in shadow by the monitor (tasks.health.shadow).
-        ch_alias = CHALLENGER_ALIAS if alias == CHAMPION_ALIAS else f"{alias}-{CHALLENGER_ALIAS}"
+        ch_alias = challenger_alias_for(alias)
         ch_h = outcome.horizons[outcome.challenger]
         ch_t = decision_threshold(ch_h, champ_costs) if outcome.challenger != "rules" else 0.5
         cv = mlflow.register_model(challenger_info.model_uri, model_name)

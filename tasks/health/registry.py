@@ -122,32 +122,29 @@ def registry_alias(model_uri: str) -> tuple[str, str] | None:
     return (name, alias) if name and alias and "/" not in alias else None
 
 
-def registered_name(model_uri: str | None) -> str | None:
-    """The registered model behind ``model_uri`` when it names its champion
-    (``models:/NAME@champion``; None: gpuflow's own), else None."""
-    if model_uri is None:
-        return REGISTERED_MODEL
-    alias = registry_alias(model_uri)
-    return alias[0] if alias is not None and alias[1] == CHAMPION_ALIAS else None
+def challenger_alias_for(alias: str) -> str:
+    """The alias of the challenger registered beside ``alias`` (pipeline.log_outcome)."""
+    return CHALLENGER_ALIAS if alias == CHAMPION_ALIAS else f"{alias}-{CHALLENGER_ALIAS}"
 
 
 def load_challenger(
     model_uri: str | None = None, challenger_uri: str | None = None
 ) -> tuple[HealthModel | None, str | None]:
     """(model, where it came from) to score in shadow beside ``model_uri``, or (None,
-    None). ``challenger_uri``: None for the registered challenger beside the registered
-    champion ``model_uri`` names (none when the champion is not a registry alias, or no
-    challenger is registered); NO_CHALLENGER for none; else an MLflow URI, which must
-    load."""
+    None). ``challenger_uri``: None for the challenger registered beside the model
+    ``model_uri`` names by alias (None: gpuflow's champion; none when it is not named by
+    an alias, or no challenger is registered); NO_CHALLENGER for none; else an MLflow URI,
+    which must load."""
     if challenger_uri == NO_CHALLENGER:
         return None, None
     if challenger_uri is not None:
         return load_health_model(challenger_uri)
-    name = registered_name(model_uri)
-    if name is None:
+    named = (REGISTERED_MODEL, CHAMPION_ALIAS) if model_uri is None else registry_alias(model_uri)
+    if named is None or named[1].endswith(CHALLENGER_ALIAS):
         return None, None
+    name, alias = named[0], challenger_alias_for(named[1])
     try:
-        return load_champion(name, CHALLENGER_ALIAS), champion_uri(name, CHALLENGER_ALIAS)
+        return load_champion(name, alias), champion_uri(name, alias)
     except LookupError:
         return None, None
 
@@ -164,6 +161,6 @@ __all__ = [
     "load_champion",
     "load_health_model",
     "load_registered",
-    "registered_name",
+    "challenger_alias_for",
     "registry_alias",
 ]

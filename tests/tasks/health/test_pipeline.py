@@ -164,6 +164,11 @@ def test_the_challenger_is_registered_beside_the_champion(tiny_outcome) -> None:
     assert load_challenger(None, RULES_URI)[1] == RULES_URI  # an explicit one is loaded
     with pytest.raises(ValueError, match="no-such"):
         load_challenger(None, "models:/no-such@champion")
+    # Under another alias, its challenger beside it; a challenger watched has none.
+    staged = log_outcome(tiny_outcome, run_name="staged", alias="staging")
+    assert staged["challenger_uri"] == f"models:/{REGISTERED_MODEL}@staging-challenger"
+    assert load_challenger(f"models:/{REGISTERED_MODEL}@staging")[1] == staged["challenger_uri"]
+    assert load_challenger(staged["challenger_uri"]) == (None, None)
 
 
 def test_score_split_batches(tiny_outcome, tiny_history) -> None:
