@@ -348,7 +348,7 @@ def run_monitor(
             shadow_risks = shadow[0].score_rows(fleet, rows) if shadow else []
             score_s += time.perf_counter() - t0
             lookup = costs() if costs is not None else None
-            before = dict(book.open)
+            before = dict(book.open) if shadow is not None else {}  # for the scorecard
             report = apply_round(risks, book, threshold, clear, emit, costs=lookup, model=name)
             if shadow is not None:
                 shadow_book = shadow[1]
