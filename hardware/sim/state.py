@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gpuflow.hardware.backend import HardwareError
+from gpuflow.hardware.home import replace_atomically
 
 STATE_FILE = "state.json"
 LOCK_FILE = "state.lock"
@@ -65,19 +64,9 @@ class StateStore:
 
     def write(self, data: dict[str, Any]) -> None:
         """Atomically replace the state. Call with the lock held."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=self.root)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                # dumps (C encoder) then one write: json.dump streams in pure Python.
-                fh.write(json.dumps(data, separators=(",", ":")))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.state_path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        # dumps (C encoder) then one write: json.dump streams in pure Python.
+        text = json.dumps(data, separators=(",", ":"))
+        replace_atomically(self.state_path, text.encode("utf-8"), ".state-")
 
     @contextlib.contextmanager
     def transaction(self, create: Callable[[], dict[str, Any]]) -> Iterator[dict[str, Any]]:

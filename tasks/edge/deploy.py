@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuflow.blocks.edge_fleet import EdgeNode
+from gpuflow.hardware.home import replace_atomically
 from gpuflow.tasks.edge.home import (
     EdgeDeployError,
     edge_root,
@@ -126,13 +127,6 @@ def current_version(name: str) -> str | None:
     return path.read_text().strip() or None if path.is_file() else None
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def set_current(name: str, version: str | None) -> None:
     """Make ``version`` the one that serves ``name``, and point the stable endpoint at its
     head (a forwarding chain's first shard; a driver-mode chain has no single entry)."""
@@ -142,11 +136,11 @@ def set_current(name: str, version: str | None) -> None:
         deployment = Deployment.load(name, version)
         if deployment.mode == "forward" and deployment.shards:
             head = deployment.shards[0].address
-    _write_atomically(target_file(name), head + "\n" if head else "")
+    replace_atomically(target_file(name), (head + "\n" if head else "").encode(), ".target-")
     if version is None:
         path.unlink(missing_ok=True)
     else:
-        _write_atomically(path, version + "\n")
+        replace_atomically(path, (version + "\n").encode(), ".current-")
 
 
 def deployment_names() -> list[str]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gpuflow.hardware.backend import TelemetrySample
+from gpuflow.hardware.home import replace_atomically
 from gpuflow.tasks.health.device_state import DeviceState
 from gpuflow.tasks.health.features import (
     BUCKET_S,
@@ -334,7 +333,6 @@ class FleetWindows:
     def save(self, path: Path) -> None:
         """Atomically write the state to ``path`` (.npz)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         np.savez(
             buf,
@@ -365,14 +363,7 @@ class FleetWindows:
             acc_repaired=self.acc_repaired,
             **{f"state_{k}": v for k, v in self.state.arrays().items()},
         )
-        fd, tmp = tempfile.mkstemp(prefix=".windows-", suffix=".npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(buf.getvalue())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        replace_atomically(path, buf.getvalue(), ".windows-")
 
     @classmethod
     def load(cls, path: Path) -> FleetWindows:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuflow.hardware.backend import Backend
-from gpuflow.hardware.home import gpuflow_home
+from gpuflow.hardware.home import gpuflow_home, replace_atomically
 from gpuflow.tasks.health.decision import DRAIN_RISK, Decision, DeviceCosts, decide
 from gpuflow.tasks.health.events import DEVICE_LOST_REASON, DeviceRisk, emit_health_risk
 from gpuflow.tasks.health.fleet_windows import FleetWindows
@@ -104,15 +102,8 @@ class IncidentBook:
                 self.open = {}  # a damaged book: at worst one event is sent again
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".incidents-", suffix=".json", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"open": self.open}, fh, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        text = json.dumps({"open": self.open}, indent=1, sort_keys=True)
+        replace_atomically(self.path, text.encode("utf-8"), ".incidents-")
 
 
 @dataclass

@@ -25,13 +25,12 @@ promotes the challenger by moving the registry alias; a new pair starts a new sc
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuflow.hardware.home import replace_atomically
 from gpuflow.tasks.health.events import DeviceRisk
 from gpuflow.tasks.health.horizons import DEFAULT_LEAD_MIN_S
 
@@ -103,16 +102,8 @@ class Scorecard:
         return card, False
 
     def save(self, path: Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".scorecard-", suffix=".json", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(asdict(self), fh, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        text = json.dumps(asdict(self), indent=1, sort_keys=True)
+        replace_atomically(Path(path), text.encode("utf-8"), ".scorecard-")
 
     def observe(
         self,
