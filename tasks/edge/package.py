@@ -22,6 +22,7 @@ from gpuflow.tasks.edge.cuts import GraphCuts
 from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, save_manifest
 from gpuflow.tasks.edge.partition import Plan
 from gpuflow.tasks.edge.runtimes import write_kserve_manifest, write_triton_repository
+from gpuflow.tasks.edge.shard_image import SERVING_DISTRIBUTIONS, SERVING_SOURCES
 
 SHARD_ONNX = "model.onnx"
 DOCKERFILE = "Dockerfile"
@@ -56,10 +57,12 @@ def dockerfile_text(manifest: ShardManifest) -> str:
     It runs as an unprivileged user; onnxruntime's threads follow the container's CPU quota
     (the server's default, shard_model.cpu_quota_threads); Docker's HEALTHCHECK asks the
     shard's own readiness endpoint."""
-    dists = ("onnxruntime", "grpcio", "grpcio-health-checking", "protobuf", "prometheus_client")
     pins = " ".join(
         f"{dist}=={ver}" if ver else dist
-        for dist, ver in ((dist, _version(dist)) for dist in (*dists, "numpy"))
+        for dist, ver in ((dist, _version(dist)) for dist in SERVING_DISTRIBUTIONS)
+    )
+    copies = "\n".join(
+        f"COPY --from=gpuflow {' '.join(sources)} {target}" for sources, target in SERVING_SOURCES
     )
     probe = (
         "import sys, urllib.request; "
@@ -75,10 +78,7 @@ FROM python:3.11-slim
 RUN pip install --no-cache-dir {pins} \
  && useradd --system --uid {SERVING_UID} --no-create-home gpuflow
 WORKDIR /opt/gpuflow
-COPY --from=gpuflow gpuflow/__init__.py gpuflow/__init__.py
-COPY --from=gpuflow tasks/__init__.py gpuflow/tasks/__init__.py
-COPY --from=gpuflow tasks/edge/__init__.py tasks/edge/manifest.py gpuflow/tasks/edge/
-COPY --from=gpuflow tasks/edge/serving gpuflow/tasks/edge/serving
+{copies}
 COPY {manifest.onnx_file} manifest.json /shard/
 USER {SERVING_UID}
 # OIP gRPC (and grpc.health.v1) on {SERVING_PORT}; HTTP probes and /metrics on {PROBE_PORT}.

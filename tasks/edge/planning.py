@@ -40,6 +40,8 @@ class PlanResult:
     # it took (served_profile.py); None when planned from the profile alone.
     served_ms: list[float] | None = None
     rounds: int = 0
+    # False when settling ran out of rounds (served_profile.ServedTiming.settled).
+    settled: bool = True
 
     def cut_tensors(self, plan: Plan | None = None) -> list[str]:
         plan = plan or self.dp
@@ -54,6 +56,7 @@ class PlanResult:
             "batch": self.batch,
             "served_ms": self.served_ms,
             "planning_rounds": self.rounds,
+            "planning_settled": self.settled,
             "dp": self.dp.to_dict() | {"cut_tensors": self.cut_tensors(self.dp)},
             "equal_ops": self.equal_ops.to_dict()
             | {"cut_tensors": self.cut_tensors(self.equal_ops)},
@@ -116,12 +119,14 @@ def plan_shards(
     segment_ms = segment_costs_ms(profile, cuts.node_names, cuts.segments)
     served_ms: list[float] | None = None
     rounds = 0
+    is_settled = True
     dp: Plan | None = None
     if stored is not None and _reusable(stored, len(segment_ms), capacities, k):
         # The previous version's plan as it was settled, with its measured stage times.
         segment_ms = list(stored["segment_ms"])
         dp = price_as(segment_ms, stored["plan"]["cuts"], stored["plan"]["nodes"])
         served_ms, rounds = stored.get("served_ms"), int(stored.get("rounds", 0))
+        is_settled = bool(stored.get("settled", True))
     elif as_served:
         settled = settle_plan(
             model,
@@ -133,11 +138,12 @@ def plan_shards(
             price=lambda costs, p: price_as(costs, p.cuts, [s.node for s in p.shards]),
             cpus_of={n.name: n.cpus for n in nodes},
         )
-        dp, segment_ms, served_ms, rounds = (
+        dp, segment_ms, served_ms, rounds, is_settled = (
             settled.plan,
             settled.segment_ms,
             settled.served_ms,
             settled.rounds,
+            settled.settled,
         )
     else:
         dp = plan_with(segment_ms)
@@ -147,7 +153,9 @@ def plan_shards(
     chosen = [next(c for c in capacities if c.name == s.node) for s in dp.shards]
     sizes = [len(s) for s in cuts.segments]
     equal = equal_op_split(costs, chosen, sizes, batch=profile.batch)
-    return PlanResult(cuts, segment_ms, dp, equal, profile.batch, served_ms, rounds)
+    return PlanResult(
+        cuts, segment_ms, dp, equal, profile.batch, served_ms, rounds, settled=is_settled
+    )
 
 
 def _reusable(
@@ -180,6 +188,7 @@ def save_plan_costs(result: PlanResult, model_dir: Path) -> Path:
         "segment_ms": result.segment_ms,
         "served_ms": result.served_ms,
         "rounds": result.rounds,
+        "settled": result.settled,
         "plan": _signature(result.dp),
     }
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -211,6 +220,7 @@ def plan_message(result: PlanResult) -> str:
     stages = ", ".join(f"{s.stage_ms:.2f}" for s in plan.shards)
     served = (
         f"; stages measured as served after {result.rounds} planning round(s)"
+        + ("" if result.settled else " (plans still alternating: the fastest measured taken)")
         if result.served_ms is not None
         else ""
     )

@@ -43,6 +43,10 @@ class ServedTiming:
     segment_ms: list[float]
     served_ms: list[float]
     rounds: int
+    # False when the rounds ran out with the plans still oscillating: the plan is then the
+    # one that measured fastest, and under its own round's costs the DP would have cut
+    # otherwise, so it need not beat the equal-op baseline as priced.
+    settled: bool = True
 
 
 @contextmanager
@@ -156,7 +160,10 @@ def settle_plan(
         if _same(again, plan):
             return ServedTiming(again, costs, served, done)
         tried.append(
-            (max(measured_stages), ServedTiming(price(costs, plan), list(costs), served, done))
+            (
+                max(measured_stages),
+                ServedTiming(price(costs, plan), list(costs), served, done, settled=False),
+            )
         )
         plan = again
     # Out of rounds (the plans oscillate between near-equal cuts): the tried plan whose

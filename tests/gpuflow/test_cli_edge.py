@@ -38,7 +38,13 @@ def test_plan_prints_both_splits_and_packages(tmp_path: Path) -> None:
     summary = json.loads(result.stdout)
     assert summary["num_cut_points"] == 20
     assert len(summary["dp"]["shards"]) == 3
-    assert summary["dp"]["balance"] <= summary["equal_ops"]["balance"] + 1e-9
+    # Both splits, over the same nodes; which is faster is test_slice_serve's (here the
+    # plan is settled on timings, which may run out of rounds: planning_settled says so).
+    assert len(summary["equal_ops"]["shards"]) == 3 and summary["equal_ops"]["balance"] >= 1.0
+    assert {s["node"] for s in summary["equal_ops"]["shards"]} == {
+        s["node"] for s in summary["dp"]["shards"]
+    }
+    assert isinstance(summary["planning_settled"], bool)
     dp = summary["dp"]
     assert max(s["stage_ms"] for s in dp["shards"]) == dp["bottleneck_ms"]
     # The 2x node counts double in the ideal: total compute over a total speed of 4.

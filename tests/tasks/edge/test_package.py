@@ -26,6 +26,7 @@ from gpuflow.tasks.edge.manifest import ShardManifest, TensorSpec, file_sha256, 
 from gpuflow.tasks.edge.nodes import free_port
 from gpuflow.tasks.edge.package import PROBE_PORT, SERVING_PORT, SERVING_UID, dockerfile_text
 from gpuflow.tasks.edge.serving.client import OipClient
+from gpuflow.tasks.edge.shard_image import lay_out
 from onnx import TensorProto, helper, save
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -45,6 +46,10 @@ def _instructions(text: str) -> list[tuple[str, str]]:
         word, _, rest = line.partition(" ")
         out.append((word, rest.strip()))
     return out
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
 def _pip_pins(run: str) -> dict[str, str]:
@@ -174,6 +179,11 @@ def test_the_image_recipe_serves_a_shard_from_only_what_it_copies_and_installs(
         elif word == "ENTRYPOINT":
             entrypoint = json.loads(args)
     assert {"onnxruntime", "grpcio", "numpy"} <= dists
+    # scripts/check_coexistence.sh lays the serving files out with shard_image.lay_out:
+    # the same tree as the image's COPY lines.
+    laid = tmp_path / "laid"
+    lay_out(REPO_ROOT, laid)
+    assert _files(laid) == _files(workdir) and _files(laid)
     _site_of(dists, site)
     ports = {SERVING_PORT: free_port("127.0.0.1", 0), PROBE_PORT: free_port("127.0.0.1", 0)}
     # -S: no site-packages of this venv (where gpuflow itself is installed), only the

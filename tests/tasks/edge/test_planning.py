@@ -14,7 +14,7 @@ from gpuflow.blocks.edge_fleet import default_nodes
 from gpuflow.tasks.edge import served_profile
 from gpuflow.tasks.edge.export import ExportedModel
 from gpuflow.tasks.edge.partition import ChainCosts, NodeCapacity, Plan, evaluate_split
-from gpuflow.tasks.edge.planning import plan_shards, stored_profile
+from gpuflow.tasks.edge.planning import plan_message, plan_shards, stored_profile
 
 
 def _previous(root: Path, exported, profile) -> SimpleNamespace:
@@ -65,11 +65,14 @@ def test_a_redeploy_takes_the_stored_plan_while_its_nodes_remain(
         "segment_ms": first.segment_ms,
         "served_ms": [1.0, 2.0],
         "rounds": 2,
+        "settled": False,
         "plan": {"cuts": [cut], "nodes": order},
     }
     again = plan_shards(exported_digits, digits_profile, nodes, stored=stored)
     assert again.dp.cuts == [cut] and [s.node for s in again.dp.shards] == order
-    assert again.served_ms == [1.0, 2.0] and again.rounds == 2
+    assert again.served_ms == [1.0, 2.0] and again.rounds == 2 and not again.settled
+    assert "still alternating" in plan_message(again)
+    assert plan_shards(exported_digits, digits_profile, nodes, as_served=False).settled
     assert again.dp.shards[0].stop_segment == cut and again.dp.shards[1].stop_segment == m
     # nodes[2] has left the fleet: planned again, on what there is
     fresh = plan_shards(exported_digits, digits_profile, nodes[:2], stored=stored, as_served=False)
@@ -99,6 +102,27 @@ def test_out_of_rounds_the_plan_that_measured_fastest_is_taken(monkeypatch) -> N
     settled = served_profile.settle_plan(
         None, None, costs.segment_ms, plan_with, {}, intra_op_threads=1, price=price, rounds=2
     )
-    assert settled.plan.cuts == [3] and settled.rounds == 2
+    assert settled.plan.cuts == [3] and settled.rounds == 2 and not settled.settled
     assert settled.served_ms == [2.5, 1.0]
     assert max(s.stage_ms for s in settled.plan.shards) == pytest.approx(2.5)
+
+
+def test_a_plan_the_dp_chooses_again_is_settled_in_that_round(monkeypatch) -> None:
+    """A fixed point: the DP on the rescaled costs cuts where it cut before."""
+    costs = ChainCosts([1.0, 1.0, 1.0, 1.0], [8, 8, 8, 8, 8])
+    nodes = [NodeCapacity("a"), NodeCapacity("b")]
+
+    def price(segment_ms: list[float], plan: Plan) -> Plan:
+        return evaluate_split(dataclasses.replace(costs, segment_ms=segment_ms), nodes, plan.cuts)
+
+    monkeypatch.setattr(served_profile, "time_shards", lambda *a, **k: [2.0, 2.0])
+    settled = served_profile.settle_plan(
+        None,
+        None,
+        costs.segment_ms,
+        lambda ms: price(ms, evaluate_split(costs, nodes, [2])),
+        {},
+        intra_op_threads=1,
+        price=price,
+    )
+    assert settled.settled and settled.rounds == 1 and settled.plan.cuts == [2]

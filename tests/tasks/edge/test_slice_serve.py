@@ -39,7 +39,9 @@ from .conftest import running_servers
 
 def _package(exported, profile, nodes, name: str = "digits"):
     version = new_version(name)
-    result = plan_shards(exported, profile, nodes)
+    # A shard per node, asked for: left to choose, the planner weighs measured stage times
+    # (a 3-shard plan beats 2 by about 9 % here), and these tests are about the chain.
+    result = plan_shards(exported, profile, nodes, len(nodes))
     root = deploy_mod.version_dir(name, version)
     packaged = package_plan(
         exported.onnx_path,
@@ -57,7 +59,11 @@ def _package(exported, profile, nodes, name: str = "digits"):
 def test_packaged_shards_compose_to_the_whole_model(exported_digits, digits_profile) -> None:
     _, result, packaged = _package(exported_digits, digits_profile, default_nodes(3))
     assert len(packaged) == 3
-    assert result.dp.balance <= result.equal_ops.balance + 1e-9
+    # The DP beats the equal-op split on the costs it planned with. Settled on served
+    # timings that can run out of rounds (planning_settled False), so this is checked on
+    # the profile's costs, where it is a theorem and not a matter of timing.
+    from_profile = plan_shards(exported_digits, digits_profile, default_nodes(3), as_served=False)
+    assert from_profile.dp.balance <= from_profile.equal_ops.balance + 1e-9
     x = exported_digits.sample_inputs(batch=2, seed=3)
     current = dict(x)
     for i, shard in enumerate(packaged):
