@@ -170,6 +170,13 @@ NOISE_SETTINGS: tuple[tuple[str, float, float], ...] = (
     ("very noisy", 0.70, 3e-2),
 )
 QUICK_NOISE = ("quiet", "default", "very noisy")
+# Off the sweep's diagonal: each knob at its "very noisy" value, the other at 0, to tell
+# which of them takes the rules' advantage away (full run only; not in the crossover,
+# which reads the diagonal in order).
+OFF_DIAGONAL: tuple[tuple[str, float, float], ...] = (
+    ("benign remaps only", 0.0, 3e-2),
+    ("silent failures only", 0.70, 0.0),
+)
 # What a cordon costs, cheap -> dear: how long it holds a device acted on, and the share of
 # that time the device would have run work. No public figure fixes either; "move only" is
 # the default (every episode a move, the device's time not priced).
@@ -299,6 +306,7 @@ class Plan:
     gbt_max_iter: int
     cordon: tuple[str, ...] = QUICK_CORDON
     lstm_small: bool = True  # TrainConfig.small() (a smoke run) or the shipped default
+    off_diagonal: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
@@ -307,7 +315,8 @@ class Plan:
         every = tuple(n for n, *_ in CORDON_SETTINGS)
         noise = tuple(n for n, *_ in NOISE_SETTINGS)
         # The LSTM as health_train ships it (TrainConfig()), beside the shipped GBT.
-        return cls({}, (1, 2, 3), (1, 2), noise, 1000, 150, every, lstm_small=False)
+        off = tuple(n for n, *_ in OFF_DIAGONAL)
+        return cls({}, (1, 2, 3), (1, 2), noise, 1000, 150, every, False, off)
 
 
 def _versus_rules(st: Any) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
@@ -353,7 +362,9 @@ def run_uncertainty(
         first = first or outcome
         trained.append((history, outcome, risks_on_test(history, outcome)))
         rows.append(seed_rows(history, outcome, risks=trained[-1][2]))
-    by_seed = dict(zip(main_seeds, rows, strict=True))
+    by_seed = {
+        s: (r, o.champion) for s, r, (_, o, _) in zip(main_seeds, rows, trained, strict=True)
+    }
     twin = (HazardModel().hbm_silent_share, NoiseModel().benign_remap_per_day)
     main = u.study(rows, MODELS, resamples=resamples)
     t_main = time.perf_counter() - started
@@ -361,29 +372,40 @@ def run_uncertainty(
     sections: dict[str, dict[str, str]] = {}
     raw: dict[str, Any] = {"main": main.table}
     diffs = []
-    for label, silent, remaps in settings:
-        srows = []
+
+    def setting(kind: str, key: str, label: str, silent: float, remaps: float) -> dict[str, Any]:
+        """One twin setting over the sweep's seeds: its study, learned minus rules, and
+        which model the cost rule chose on each seed's validation split."""
+        srows, champions = [], []
         for s in sweep_seeds:
             if (silent, remaps) == twin and s in by_seed:  # the main table's own history
-                srows.append(by_seed[s])
-                continue
-            report(f"noise sweep {label}: history seed {s}")
-            hc = HistoryConfig.small(
-                seed=s,
-                hazard_overrides={"hbm_silent_share": silent},
-                noise={"benign_remap_per_day": remaps},
-                **size,
-            )
-            history, outcome = _train_seed(hc, tc, gc, report)
-            srows.append(seed_rows(history, outcome))
+                row, champion = by_seed[s]
+            else:
+                report(f"{kind} {label}: history seed {s}")
+                hc = HistoryConfig.small(
+                    seed=s,
+                    hazard_overrides={"hbm_silent_share": silent},
+                    noise={"benign_remap_per_day": remaps},
+                    **size,
+                )
+                history, outcome = _train_seed(hc, tc, gc, report)
+                row, champion = seed_rows(history, outcome), outcome.champion
+            srows.append(row)
+            champions.append(champion)
         st = u.study(srows, MODELS, resamples=resamples)
         d, printed = _versus_rules(st)
-        diffs.append((label, d))
         knobs = f"hbm_silent_share {silent:g}, benign_remap_per_day {remaps:g}"
-        sections[f"noise sweep: {label} ({knobs}; {st.failures} failures)"] = (
+        printed["champion on validation, by seed"] = ", ".join(champions)
+        sections[f"{kind}: {label} ({knobs}; {st.failures} failures)"] = (
             _rows(st, SWEEP_MEASURES) | printed
         )
-        raw[f"sweep {label}"] = {"knobs": knobs, "table": st.table, "vs rules": d}
+        raw[f"{key} {label}"] = {"knobs": knobs, "table": st.table, "vs rules": d}
+        return d
+
+    for label, silent, remaps in settings:
+        diffs.append((label, setting("noise sweep", "sweep", label, silent, remaps)))
+    for label, silent, remaps in [x for x in OFF_DIAGONAL if x[0] in plan.off_diagonal]:
+        setting("off the diagonal", "off diagonal", label, silent, remaps)
     finding = u.crossover(diffs)
     t_sweep = time.perf_counter() - started - t_main
     cordon_diffs = []
@@ -404,7 +426,8 @@ def run_uncertainty(
             f"{main.failures} failures; HistoryConfig.small({size or ''}), "
             f"TrainConfig({'small' if plan.lstm_small else 'default'}: hidden {tc.hidden}, "
             f"{tc.epochs} epochs), GbtConfig(max_iter={gc.max_iter})",
-            "sweep": f"{len(sweep_seeds)} history seed(s) per setting",
+            "sweep": f"{len(sweep_seeds)} history seed(s) per setting, on the diagonal "
+            "(both knobs together) and off it (one knob at a time)",
             "resamples": str(resamples),
             "operating points": "gbt, lstm: the cost rule's break-even risk at their chosen "
             "horizon; rules 0.5; random at the LSTM's alert rate; oracle at the champion's "
@@ -435,7 +458,8 @@ def run_uncertainty(
 
 
 def _ci_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """MLflow metrics: ci_<model>_<figure>[_lo|_hi] and sweep_<setting>_<model>_<figure>."""
+    """MLflow metrics: ci_<model>_<figure>[_lo|_hi], sweep_<setting>_<model>_<figure> and
+    off_diagonal_<setting>_<model>_<figure>."""
     out: dict[str, float] = {}
 
     def put(prefix: str, table: dict[str, dict[str, dict[str, Any]]]) -> None:

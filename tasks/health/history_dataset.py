@@ -68,6 +68,9 @@ class SplitData:
         fail_keep = np.zeros(len(self.fail_s), dtype=bool)
         fail_keep[faults[faults >= 0]] = True
         new_fail = np.cumsum(fail_keep) - 1
+        # Indexed only where a segment has a fault: a split with none has no new_fail[0].
+        seg_fault = np.full(len(faults), -1, dtype=self.seg_fault.dtype)
+        seg_fault[faults >= 0] = new_fail[faults[faults >= 0]]
         return SplitData(
             name=name,
             buckets=self.buckets,
@@ -78,7 +81,7 @@ class SplitData:
             weight=self.weight[win],
             seg_ordinal=self.seg_ordinal[keep_seg],
             seg_kind=self.seg_kind[keep_seg],
-            seg_fault=np.where(faults >= 0, new_fail[np.maximum(faults, 0)], -1),
+            seg_fault=seg_fault,
             fail_ordinal=self.fail_ordinal[fail_keep],
             fail_kind=self.fail_kind[fail_keep],
             fail_s=self.fail_s[fail_keep],
