@@ -35,7 +35,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -307,6 +307,10 @@ class Plan:
     cordon: tuple[str, ...] = QUICK_CORDON
     lstm_small: bool = True  # TrainConfig.small() (a smoke run) or the shipped default
     off_diagonal: tuple[str, ...] = ()
+    # The main table again on the production fleet at the twin's real fault rate
+    # (HistoryConfig(seed=s, **real_size)), re-judged under each cordon setting of the plan.
+    real_seeds: tuple[int, ...] = ()
+    real_size: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
@@ -316,7 +320,7 @@ class Plan:
         noise = tuple(n for n, *_ in NOISE_SETTINGS)
         # The LSTM as health_train ships it (TrainConfig()), beside the shipped GBT.
         off = tuple(n for n, *_ in OFF_DIAGONAL)
-        return cls({}, (1, 2, 3), (1, 2), noise, 1000, 150, every, False, off)
+        return cls({}, (1, 2, 3), (1, 2), noise, 1000, 150, every, False, off, (1, 2, 3))
 
 
 def _versus_rules(st: Any) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
@@ -408,6 +412,9 @@ def run_uncertainty(
         setting("off the diagonal", "off diagonal", label, silent, remaps)
     finding = u.crossover(diffs)
     t_sweep = time.perf_counter() - started - t_main
+    if plan.real_seeds:
+        sections |= _real_rate(plan, tc, gc, report, raw)
+    t_real = time.perf_counter() - started - t_main - t_sweep
     cordon_diffs = []
     for label, hold, price in [x for x in CORDON_SETTINGS if x[0] in plan.cordon]:
         report(f"cordon sweep: {label}")
@@ -438,6 +445,10 @@ def run_uncertainty(
             "figure rests on fewer than 20 events",
             "main wall time, s": f"{t_main:.1f}",
             "sweep wall time, s": f"{t_sweep:.1f}",
+            "real fault rate": f"{len(plan.real_seeds)} history seed(s) "
+            f"({', '.join(map(str, plan.real_seeds))}) of HistoryConfig({plan.real_size or ''}),"
+            " the same model configs; move only and each cordon setting; "
+            f"{t_real:.1f} s",
             "cordon sweep": "the main table's seeds and models, re-judged: thresholds at the "
             "break-even (A + K) / (F + K), episodes under a standing cordon move nothing, "
             "K = hold x price charged per false alarm",
@@ -455,6 +466,40 @@ def run_uncertainty(
                 report(f"  {k}: {v}")
     out["_outcome"] = first
     return out
+
+
+def _real_rate(
+    plan: Plan, tc: Any, gc: Any, report: Callable[[str], None], raw: dict[str, Any]
+) -> dict[str, dict[str, str]]:
+    """The main table on the production fleet at its real fault rate, and under each of
+    the plan's cordon settings. HistoryConfig.small() raises the fault rate ninefold so
+    that a small fleet fails often enough, while benign pending remaps keep their real
+    rate: a remap is then likelier to precede a failure than it is on a real fleet, which
+    flatters the rules. This section says what the models do where that is not so."""
+    from gpuflow.tasks.health import uncertainty as u
+    from gpuflow.tasks.health.decision import CostDefaults
+    from gpuflow.tasks.health.history import HistoryConfig
+
+    trained, champions = [], []
+    for s in plan.real_seeds:
+        report(f"real fault rate: history seed {s}")
+        history, outcome = _train_seed(HistoryConfig(seed=s, **plan.real_size), tc, gc, report)
+        trained.append((history, outcome, risks_on_test(history, outcome)))
+        champions.append(outcome.champion)
+    hc = trained[0][0].config
+    sections: dict[str, dict[str, str]] = {}
+    for label, hold, price in [("move only", 0.0, 0.0)] + [
+        x for x in CORDON_SETTINGS if x[0] in plan.cordon and x[0] != "move only"
+    ]:
+        defaults = CostDefaults(cordon_hold_s=hold, cordon_price=price)
+        rows = [seed_rows(h, o, defaults, r) for h, o, r in trained]
+        st = u.study(rows, MODELS, u.ActCosts.reference(defaults), resamples=plan.resamples)
+        d, printed = _versus_rules(st)
+        printed["champion on validation, by seed"] = ", ".join(champions)
+        fleet = f"{hc.nodes} nodes x {hc.days:g} days, {st.failures} failures"
+        sections[f"real fault rate: {label} ({fleet})"] = _rows(st, SWEEP_MEASURES) | printed
+        raw[f"real rate {label}"] = {"knobs": fleet, "table": st.table, "vs rules": d}
+    return sections
 
 
 def _ci_metrics(result: dict[str, Any]) -> dict[str, float]:

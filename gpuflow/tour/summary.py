@@ -39,7 +39,7 @@ def show(
     console.print(
         Panel.fit(
             "\n".join(f"{k}: {escape(str(v))}" for k, v in champion.items()),
-            title="health champion (health_train on a small twin history)",
+            title="health champion (health_train on a twin history)",
         )
     )
     fault = results["fault"]

@@ -29,6 +29,7 @@ from gpuflow.tasks.health.model import (
     MultiHorizon,
     TrainConfig,
     mean_ap,
+    occlusion_top_features,
     positive_weight,
     training_indices,
 )
@@ -70,6 +71,8 @@ class GbtHealthModel(MultiHorizon):
         self.horizons_s = tuple(horizons_s)
         self.horizon_s = self.horizons_s[0]
         self.calibrator = HorizonCalibrator()
+        # Per feature, its median in the training sample: what top_features puts in its place.
+        self.fill = np.full(len(FEATURES), np.nan)
 
     def raw_risks(self, windows: np.ndarray, batch: int = 200_000) -> np.ndarray:
         h = len(self.horizons_s)
@@ -84,6 +87,13 @@ class GbtHealthModel(MultiHorizon):
 
     def predict_risks(self, windows: np.ndarray) -> np.ndarray:
         return self.calibrator(self.raw_risks(windows))
+
+    def top_features(self, windows: np.ndarray, k: int = 3) -> list[dict[str, float]]:
+        """Per window, the ``k`` features whose occlusion (replaced by their training median
+        over the whole window) lowers the risk most, as the LSTM explains itself. A model
+        pickled before the medians were kept occludes with NaN: the trees' missing branch."""
+        fill = getattr(self, "fill", np.full(len(FEATURES), np.nan))
+        return occlusion_top_features(self.predict_risk, windows, fill, self.feature_names, k)
 
 
 def train_gbt(
@@ -113,8 +123,12 @@ def train_gbt(
         early_stopping=False,
         random_state=cfg.seed,
     )
-    clf.fit(summary_features(train.windows(idx)), interval_index(train.ttf_s[idx], horizons_s))
+    windows = train.windows(idx)
+    clf.fit(summary_features(windows), interval_index(train.ttf_s[idx], horizons_s))
     model = GbtHealthModel(clf, history.config.window, horizons_s)
+    flat = windows.reshape(-1, windows.shape[-1])
+    seen = ~np.isnan(flat).all(axis=0)  # a feature no training device reads stays NaN
+    model.fill[seen] = np.nanmedian(flat[:, seen], axis=0)
     val_raw = model.raw_risks(val.windows())
     model.calibrator.fit(
         model.raw_risks(cal.windows()), multi_labels(cal.ttf_s, horizons_s), cal.weight

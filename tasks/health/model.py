@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -165,24 +165,36 @@ class HealthLSTM(MultiHorizon, nn.Module):
         the feature replaced by its training mean over the whole window), with their value
         in the newest bucket. For the few devices above the threshold, not the fleet."""
         self._check(windows)
-        if not len(windows):
-            return []
-        base = self.predict_risk(windows)
-        n, _, f = windows.shape
-        occluded = np.repeat(windows[None], f, axis=0).copy()  # [F, n, W, F]
-        mean = self.mean.numpy()
-        for j in range(f):
-            occluded[j, :, :, j] = mean[j]
-        drops = base[None, :] - self.predict_risk(
-            occluded.reshape(f * n, *windows.shape[1:])
-        ).reshape(f, n)
-        # A missing feature did not drive the score: it has no value to name.
-        drops[np.isnan(windows[:, -1, :]).T] = -np.inf
-        out = []
-        for i in range(n):
-            order = [j for j in np.argsort(-drops[:, i]) if np.isfinite(drops[j, i])][:k]
-            out.append({self.feature_names[j]: round(float(windows[i, -1, j]), 4) for j in order})
-        return out
+        return occlusion_top_features(
+            self.predict_risk, windows, self.mean.numpy(), self.feature_names, k
+        )
+
+
+def occlusion_top_features(
+    predict_risk: Callable[[np.ndarray], np.ndarray],
+    windows: np.ndarray,
+    fill: np.ndarray,
+    names: Sequence[str],
+    k: int = 3,
+) -> list[dict[str, float]]:
+    """Per window [n, W, F], the ``k`` features whose occlusion (feature j replaced by
+    ``fill[j]`` over the whole window) lowers ``predict_risk`` most, each with its value in
+    the newest bucket. Any model that scores windows can be explained this way."""
+    if not len(windows):
+        return []
+    base = predict_risk(windows)
+    n, _, f = windows.shape
+    occluded = np.repeat(windows[None], f, axis=0).copy()  # [F, n, W, F]
+    for j in range(f):
+        occluded[j, :, :, j] = fill[j]
+    drops = base[None, :] - predict_risk(occluded.reshape(f * n, *windows.shape[1:])).reshape(f, n)
+    # A missing feature did not drive the score: it has no value to name.
+    drops[np.isnan(windows[:, -1, :]).T] = -np.inf
+    out = []
+    for i in range(n):
+        order = [j for j in np.argsort(-drops[:, i]) if np.isfinite(drops[j, i])][:k]
+        out.append({names[j]: round(float(windows[i, -1, j]), 4) for j in order})
+    return out
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,14 @@ def test_quick_is_smaller_in_every_step() -> None:
     assert quick.compare_batch_size < full.compare_batch_size
     assert quick.remediation_steps < full.remediation_steps
     assert quick.edge_requests < full.edge_requests
+    # the full tour's champion learns from the production fleet at its real fault rate, the
+    # smoke run's from the small raised-hazard fleet
+    assert full.health_real_rate and not quick.health_real_rate
+
+
+def test_a_health_fleet_that_is_not_a_bool_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="TourSize.health_real_rate must be a bool"):
+        TourSize(health_real_rate="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

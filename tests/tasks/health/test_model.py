@@ -5,13 +5,14 @@ import pytest
 import torch
 from gpuflow.tasks.health.baselines import RuleModel, random_scores, rule_scores
 from gpuflow.tasks.health.calibration import HorizonCalibrator, brier, ece
-from gpuflow.tasks.health.features import FEATURE_INDEX, N_FEATURES, WINDOW_BUCKETS
+from gpuflow.tasks.health.features import FEATURE_INDEX, FEATURES, N_FEATURES, WINDOW_BUCKETS
 from gpuflow.tasks.health.history import History
 from gpuflow.tasks.health.horizons import HORIZONS_S, interval_index, multi_labels
 from gpuflow.tasks.health.model import (
     HealthLSTM,
     TrainConfig,
     hazard_nll,
+    occlusion_top_features,
     train_lstm,
     training_indices,
 )
@@ -117,3 +118,32 @@ def test_train_config_validation() -> None:
     with pytest.raises(ValueError, match="epochs"):
         TrainConfig(epochs=0)
     assert torch.get_num_threads() >= 1
+
+
+def test_occlusion_names_the_features_that_drive_the_risk_newest_value_first() -> None:
+    # risk rises with feature 2's newest value and feature 5's window mean; feature 0 is
+    # missing (NaN), so it drove nothing and is never named
+    def risk(w: np.ndarray) -> np.ndarray:
+        return np.nan_to_num(0.5 * w[:, -1, 2] + 0.2 * w[:, :, 5].mean(axis=1))
+
+    w = np.zeros((2, 4, 6))
+    w[:, :, 2] = [[0, 0, 0, 1.5], [0, 0, 0, 0.1]]
+    w[:, :, 5] = [[1, 1, 1, 1], [2, 2, 2, 2]]
+    w[:, :, 0] = np.nan
+    names = [f"f{j}" for j in range(6)]
+    top = occlusion_top_features(risk, w, np.zeros(6), names, k=2)
+    assert top == [{"f2": 1.5, "f5": 1.0}, {"f5": 2.0, "f2": 0.1}]
+    assert [list(t) for t in top] == [["f2", "f5"], ["f5", "f2"]]  # the larger drop first
+    assert "f0" not in occlusion_top_features(risk, w, np.zeros(6), names, k=6)[0]
+    assert occlusion_top_features(risk, w[:0], np.zeros(6), names) == []
+
+
+def test_trained_trees_explain_their_risk_with_training_medians(tiny_outcome) -> None:
+    g = tiny_outcome.gbt
+    assert g.fill.shape == (N_FEATURES,) and np.isfinite(g.fill).any()
+    w = np.random.default_rng(0).normal(size=(3, g.window, N_FEATURES)).astype(np.float32)
+    top = g.top_features(w, k=3)
+    assert len(top) == 3 and all(len(t) == 3 and set(t) <= set(FEATURES) for t in top)
+    # each named feature's value is the newest bucket's
+    j = FEATURES.index(next(iter(top[0])))
+    assert next(iter(top[0].values())) == round(float(w[0, -1, j]), 4)
