@@ -344,7 +344,6 @@ def run_uncertainty(
     from gpuflow.hardware.sim.noise import NoiseModel
     from gpuflow.tasks.health import uncertainty as u
     from gpuflow.tasks.health.baselines import GbtConfig
-    from gpuflow.tasks.health.decision import CostDefaults
     from gpuflow.tasks.health.history import HistoryConfig
 
     plan = plan or Plan.of(quick)
@@ -418,10 +417,7 @@ def run_uncertainty(
     cordon_diffs = []
     for label, hold, price in [x for x in CORDON_SETTINGS if x[0] in plan.cordon]:
         report(f"cordon sweep: {label}")
-        defaults = CostDefaults(cordon_hold_s=hold, cordon_price=price)
-        crows = [seed_rows(h, o, defaults, r) for h, o, r in trained]
-        st = u.study(crows, MODELS, u.ActCosts.reference(defaults), resamples=resamples)
-        d, printed = _versus_rules(st)
+        st, d, printed = _rejudged(trained, hold, price, resamples)
         cordon_diffs.append((label, d))
         knobs = f"cordon_hold_s {hold:g}, cordon_price {price:g}"
         sections[f"cordon sweep: {label} ({knobs})"] = _rows(st, SWEEP_MEASURES) | printed
@@ -468,6 +464,20 @@ def run_uncertainty(
     return out
 
 
+def _rejudged(
+    trained: list[tuple[Any, Any, dict[str, np.ndarray]]], hold: float, price: float, resamples: int
+) -> tuple[Any, dict[str, dict[str, float]], dict[str, str]]:
+    """The trained seeds' test risks judged again (no retraining) under a cordon's hold and
+    price: the study, each learned model's net saved minus the rules', and as printed."""
+    from gpuflow.tasks.health import uncertainty as u
+    from gpuflow.tasks.health.decision import CostDefaults
+
+    defaults = CostDefaults(cordon_hold_s=hold, cordon_price=price)
+    rows = [seed_rows(h, o, defaults, r) for h, o, r in trained]
+    st = u.study(rows, MODELS, u.ActCosts.reference(defaults), resamples=resamples)
+    return (st, *_versus_rules(st))
+
+
 def _real_rate(
     plan: Plan, tc: Any, gc: Any, report: Callable[[str], None], raw: dict[str, Any]
 ) -> dict[str, dict[str, str]]:
@@ -476,8 +486,6 @@ def _real_rate(
     that a small fleet fails often enough, while benign pending remaps keep their real
     rate: a remap is then likelier to precede a failure than it is on a real fleet, which
     flatters the rules. This section says what the models do where that is not so."""
-    from gpuflow.tasks.health import uncertainty as u
-    from gpuflow.tasks.health.decision import CostDefaults
     from gpuflow.tasks.health.history import HistoryConfig
 
     trained, champions = [], []
@@ -488,13 +496,9 @@ def _real_rate(
         champions.append(outcome.champion)
     hc = trained[0][0].config
     sections: dict[str, dict[str, str]] = {}
-    for label, hold, price in [("move only", 0.0, 0.0)] + [
-        x for x in CORDON_SETTINGS if x[0] in plan.cordon and x[0] != "move only"
-    ]:
-        defaults = CostDefaults(cordon_hold_s=hold, cordon_price=price)
-        rows = [seed_rows(h, o, defaults, r) for h, o, r in trained]
-        st = u.study(rows, MODELS, u.ActCosts.reference(defaults), resamples=plan.resamples)
-        d, printed = _versus_rules(st)
+    # move only (the default) always; then each cordon setting of the plan
+    for label, hold, price in [x for x in CORDON_SETTINGS if x[0] in ("move only", *plan.cordon)]:
+        st, d, printed = _rejudged(trained, hold, price, plan.resamples)
         printed["champion on validation, by seed"] = ", ".join(champions)
         fleet = f"{hc.nodes} nodes x {hc.days:g} days, {st.failures} failures"
         sections[f"real fault rate: {label} ({fleet})"] = _rows(st, SWEEP_MEASURES) | printed
