@@ -194,7 +194,7 @@ def run_node_agent(
     inventory_url: str | None = None,
     fencing_token: int | None = None,
     attempt: int = 0,
-    max_restarts: int = 0,
+    max_restarts: int | None = None,
     backend: str | None = None,
     threads_per_rank: int = 1,
     run_id: str | None = None,
@@ -214,6 +214,9 @@ def run_node_agent(
     ``local_addr``: the address the other nodes reach this one at (torchelastic looks up
     this host's FQDN without it); where this node's rank 0 listens if it is the gang's.
     ``rendezvous_id``: the same on every node (default: the job id and attempt).
+    ``max_restarts``: how often torchelastic restarts the gang from its last commit
+    (default: the spec's). A round whose rank 0 cannot host its store (worker.round_store:
+    torchelastic lets the port go before rank 0 listens) is recovered the same way.
     ``record``, ``device_backend``: as for run_gang. Global ranks are what the rendezvous
     assigns: rank 0 (on whichever node) polls control, logs MLflow, commits checkpoints.
     """
@@ -258,7 +261,7 @@ def run_node_agent(
             endpoint=(host, port),
             is_host=node == units[0].node,
             join_timeout_s=join_timeout_s,
-            max_restarts=max_restarts,
+            max_restarts=spec.max_restarts if max_restarts is None else max_restarts,
             local_addr=local_addr,
             what=f"job {spec.job_id!r}: the gang of {len(units)} (node {node}: {len(mine)})",
             log_root=staging / "elastic",

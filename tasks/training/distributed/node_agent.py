@@ -61,7 +61,6 @@ def agent_options(
         "inventory_url": cluster.get_inventory().url,
         "fencing_token": fencing_token,
         "attempt": attempt,
-        "max_restarts": spec.max_restarts,
         "backend": spec.backend,
         "run_id": run_id,
         "device_backend": device_backend_of(cluster),

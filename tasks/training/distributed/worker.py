@@ -194,6 +194,10 @@ class RankRecorder:
         return {"losses": self.losses, "to_first_step_s": first, "checkpoint_stalls_s": stalls}
 
 
+class RoundPortTakenError(RuntimeError):
+    """Rank 0 could not listen on the port the agent chose for this round's store."""
+
+
 def round_store() -> Any:
     """The store this round of the gang's ranks meet on.
 
@@ -212,14 +216,29 @@ def round_store() -> Any:
     import torch.distributed as dist
 
     agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        int(os.environ["WORLD_SIZE"]),
-        is_master=not agent_hosts_it and os.environ["RANK"] == "0",
-        timeout=timedelta(minutes=5),
-        multi_tenant=True,
-    )
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    hosts_it = not agent_hosts_it and os.environ["RANK"] == "0"
+    try:
+        store = dist.TCPStore(
+            address,
+            port,
+            int(os.environ["WORLD_SIZE"]),
+            is_master=hosts_it,
+            timeout=timedelta(minutes=5),
+            multi_tenant=True,
+        )
+    except dist.DistNetworkError as exc:
+        # The agent chose the port by binding port 0 and letting it go (torchelastic's
+        # get_free_port) seconds before this rank, started and torch imported, listens:
+        # any process may take it meanwhile. Nothing to retry here, the other ranks know
+        # only this port: the round fails and torchelastic restarts it on a fresh one.
+        if hosts_it and "EADDRINUSE" in str(exc):
+            raise RoundPortTakenError(
+                f"rank 0 cannot host this round's store on {address}:{port}: another "
+                "process took the port after the agent chose it; the agent restarts the "
+                "gang on a fresh port while its max_restarts allow"
+            ) from exc
+        raise
     if not agent_hosts_it:
         return dist.PrefixStore("gpuflow", store)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

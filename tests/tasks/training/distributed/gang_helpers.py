@@ -130,3 +130,20 @@ def rank_of_this_process() -> int:
 def refusing_rank() -> None:
     """A rank's entry point that fails at once."""
     raise RuntimeError("this rank refuses")
+
+
+def port_taken_rank_main(*args: Any) -> dict[str, Any]:
+    """worker.rank_main, except that in a gang's first round a socket of this process (the
+    stand-in for any other process) listens on the port the agent chose for the round's
+    store before rank 0 tries to: what happens when another process binds it between the
+    agent's choice and rank 0's listen. The result carries the round's restart count."""
+    import os
+
+    from gpuflow.tasks.training.distributed.worker import rank_main
+
+    count = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    if count == "0" and os.environ["RANK"] == "0":
+        taker = socket.socket()
+        taker.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+        taker.listen()  # held until this rank process ends
+    return {**rank_main(*args), "restart_count": int(count)}

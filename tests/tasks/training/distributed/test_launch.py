@@ -36,6 +36,7 @@ from tests.tasks.remediation.helpers import wait_until
 from tests.tasks.training.distributed.gang_helpers import (
     UNITS,
     gang_spec,
+    port_taken_rank_main,
     rank_of_this_process,
     refusing_rank,
 )
@@ -144,6 +145,24 @@ def test_a_rank_killed_mid_run_restarts_the_gang_from_its_last_commit(
     ref = _weights(reference, 20)
     got = _weights(tmp_path, 20)
     assert all(torch.equal(got[k], v) for k, v in ref.items()), "not bit-exact"
+
+
+def test_a_round_whose_store_port_was_taken_restarts_on_a_fresh_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchelastic picks each round's store port free and lets it go before rank 0
+    listens; another process may take it meanwhile (a CI run saw EADDRINUSE). The round
+    fails naming the port, and the spec's restart (max_restarts 1, run_gang's default
+    now) retrains on a fresh port; with no restart left the gang fails saying why."""
+    from gpuflow.tasks.training.distributed import launch
+
+    monkeypatch.setattr(launch, "rank_main", port_taken_rank_main)
+    out = _gang(tmp_path / "restarted", 4, 1)
+    assert out["steps_done"] == 4 and out["restart_count"] == 1
+    with pytest.raises(GangFailedError, match="after 0 restart") as err:
+        _gang(tmp_path / "no-restart", 4, 1, max_restarts=0)
+    assert "cannot host this round's store on 127.0.0.1:" in str(err.value)
+    assert "another process took the port" in str(err.value)
 
 
 def test_the_fresh_store_switch_stays_on_until_the_last_agent_of_the_process_ends(
