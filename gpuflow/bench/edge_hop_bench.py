@@ -25,6 +25,13 @@ third block per round times an empty call (``ServerLive`` on the shm chain's
 head): the floor a Python gRPC round trip sets, against which a hop can be judged. The
 figure is the mean over rounds with a 95 % t interval; the machine's 1-minute load
 average is reported before and after (the figure is only meaningful on an idle machine).
+
+Where a hop's time goes, from the shards' phase counters (serving/metrics.py), per hop:
+``in_servers`` is what the servers' handlers spent outside the model and the next hop
+(decoding the inputs, encoding the outputs, the stream's and handler's framing) and
+``between`` the rest: the caller's hand-over (its encoding: the slot write for shm), the
+wire and the wake-ups of the processes. A machine whose hop exceeds another's says by
+these two which side it loses on.
 """
 
 from __future__ import annotations
@@ -109,12 +116,15 @@ class _Chain:
     close: Callable[[], None]
     rounds: list[dict[str, float]] = field(default_factory=list)
 
-    def compute_us(self) -> tuple[float, float]:
-        """(total compute µs, executions) summed over the shards, from their /metrics."""
-        from gpuflow.tasks.edge.serving.metrics import scrape_compute
+    def counters(self) -> dict[str, float]:
+        """Every counter of the shards' /metrics (µs and counts), summed over the shards."""
+        from gpuflow.tasks.edge.serving.metrics import scrape_counters
 
-        pairs = [scrape_compute(address) for address in self.http]
-        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        total: dict[str, float] = {}
+        for address in self.http:
+            for name, value in scrape_counters(address).items():
+                total[name] = total.get(name, 0.0) + value
+        return total
 
 
 def _start_chain(label: str, dirs: list[Path], shared_memory: str, cores: list[int]) -> _Chain:
@@ -201,10 +211,23 @@ def _time_block(call: Callable[[], object], n: int) -> list[float]:
 
 def _measure_block(chain: _Chain, x: dict[str, np.ndarray], requests: int, k: int) -> None:
     """One block of ``requests`` on ``chain``; its figures appended to ``chain.rounds``."""
-    c0, e0 = chain.compute_us()
+    from gpuflow.tasks.edge.serving.metrics import PHASE_COUNTERS, counter_sample
+
+    before = chain.counters()
     lat = _time_block(lambda: chain.infer(x), requests)
-    c1, e1 = chain.compute_us()
-    compute_ms = (c1 - c0) / 1e3 / ((e1 - e0) / k)  # per request, all shards
+    after = chain.counters()
+
+    def delta(name: str) -> float:  # all shards together
+        return after[counter_sample(name)] - before[counter_sample(name)]
+
+    served = delta("nv_inference_exec_count") / k  # requests: each shard runs each once
+
+    def per_request_ms(name: str) -> float:
+        return delta(name) / 1e3 / served
+
+    compute_ms = per_request_ms(PHASE_COUNTERS["infer"][0])
+    forward_ms = per_request_ms(PHASE_COUNTERS["forward"][0])
+    handled_ms = per_request_ms("nv_inference_request_duration_us")
     mean_ms = statistics.mean(lat) * 1e3
     chain.rounds.append(
         {
@@ -212,6 +235,9 @@ def _measure_block(chain: _Chain, x: dict[str, np.ndarray], requests: int, k: in
             "latency_p50_ms": statistics.median(lat) * 1e3,
             "compute_ms": compute_ms,
             "per_hop_ms": (mean_ms - compute_ms) / k,
+            # Each shard's own time in its handler is its duration less its next hop's.
+            "in_servers_per_hop_ms": (handled_ms - forward_ms - compute_ms) / k,
+            "between_per_hop_ms": (mean_ms - handled_ms + forward_ms) / k,
         }
     )
 
@@ -282,6 +308,10 @@ def run(k: int = 4, requests: int = 100, rounds: int = 5, report: Report = print
             out["tensor_bytes"] / 1e6 / (out[f"{label}_per_hop_ms"] / 1e3)
         )
         out[f"{label}_per_hop_ms_by_round"] = ", ".join(f"{h:.3f}" for h in hops)
+        for part in ("in_servers", "between"):
+            out[f"{label}_{part}_per_hop_ms"] = statistics.mean(
+                r[f"{part}_per_hop_ms"] for r in chain.rounds
+            )
     out["goal_per_hop_ms"] = 1.0
     # Met only if the whole interval lies at or under the goal, not just the mean.
     out["shm_meets_goal"] = out["shm_per_hop_ms"] + out["shm_per_hop_ci95_ms"] <= 1.0

@@ -9,8 +9,17 @@ Per model and version (labels ``model``, ``version``, as Triton's):
 | ``nv_inference_count`` | counter | same | inferences: the batch sizes of successful calls |
 | ``nv_inference_exec_count`` | counter | same | model executions (one per successful call: no dynamic batching) |
 | ``nv_inference_request_duration_us`` | counter | same | cumulative time in ModelInfer, microseconds |
+| ``nv_inference_compute_input_duration_us`` | counter | same | cumulative time decoding the inputs (shared-memory regions read) |
+| ``nv_inference_compute_infer_duration_us`` | counter | same | cumulative time in the model itself |
+| ``nv_inference_compute_output_duration_us`` | counter | same | cumulative time writing the outputs into the response or the caller's shared memory |
+| ``gpuflow_inference_forward_duration_us`` | counter | none (Triton's ensembles count per step) | cumulative time a forwarding shard spent on its next hop: handing over its outputs and the next hop's whole answer |
 | ``nv_inference_pending_request_count`` | gauge | same | calls in ModelInfer now: the queue depth |
 | ``gpuflow_inference_request_duration_seconds`` | histogram | none (Triton exports summaries, off by default) | latency of every call, success or not |
+
+The four phase counters split a call's duration: what is left of it once the model, the
+decoding, the encoding and the next hop are taken out is the server's own framing (the
+stream, the handler), and what a caller waits on top of the duration is the way between
+the processes (the wire, the wake-ups): ``gpuflow bench edge`` splits a hop this way.
 
 Each server has a registry of its own (two shards in one process, as in the tests, do
 not mix their counts); the HTTP probe server (probes.py) exposes it at ``/metrics``.
@@ -35,6 +44,24 @@ _REASON = {
     grpc.StatusCode.DEADLINE_EXCEEDED: "CANCELED",
     grpc.StatusCode.INTERNAL: "BACKEND",
     grpc.StatusCode.UNAVAILABLE: "BACKEND",
+}
+PHASE_COUNTERS = {
+    "input": (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds",
+    ),
+    "infer": (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds",
+    ),
+    "output": (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative compute output duration in microseconds",
+    ),
+    "forward": (
+        "gpuflow_inference_forward_duration_us",
+        "Cumulative time on the next hop (hand-over and its answer) in microseconds",
+    ),
 }
 # From a loopback hop (~1 ms) to a large model on a slow node (tens of seconds).
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -70,12 +97,11 @@ class ShardMetrics:
             _LABELS,
             registry=r,
         )
-        self.compute_us = Counter(
-            "nv_inference_compute_infer_duration_us",
-            "Cumulative compute inference duration in microseconds",
-            _LABELS,
-            registry=r,
-        )
+        # One counter per phase of a call (Triton's names where Triton has the phase).
+        self.phase_us = {
+            phase: Counter(name, help_text, _LABELS, registry=r)
+            for phase, (name, help_text) in PHASE_COUNTERS.items()
+        }
         self.pending = Gauge(
             "nv_inference_pending_request_count",
             "Inference requests in the server now",
@@ -95,7 +121,7 @@ class ShardMetrics:
             self.count,
             self.exec_count,
             self.duration_us,
-            self.compute_us,
+            *self.phase_us.values(),
         ):
             metric.labels(**self.labels)
         self.pending.labels(**self.labels).set(0)
@@ -112,9 +138,10 @@ class ShardMetrics:
         else:
             self.failure.labels(**labels, reason=failure_reason(code)).inc()
 
-    def observe_compute(self, seconds: float) -> None:
-        """The model's own run time of one request (no decoding, forwarding or encoding)."""
-        self.compute_us.labels(**self.labels).inc(seconds * 1e6)
+    def observe_phase(self, phase: str, seconds: float) -> None:
+        """Time one call spent in ``phase`` (a key of PHASE_COUNTERS): "infer" is the
+        model's own run time, without decoding, forwarding or encoding."""
+        self.phase_us[phase].labels(**self.labels).inc(seconds * 1e6)
 
 
 def batch_size(request: Any) -> int:
@@ -177,10 +204,9 @@ class InstrumentedServicer:
                 pending.dec()
 
 
-def scrape_compute(http_address: str, timeout_s: float = 10.0) -> tuple[float, float]:
-    """(cumulative compute µs, executions) from a shard's /metrics: what the model itself
-    took, without decoding, forwarding or encoding. Differences over an interval give the
-    served stage time per request."""
+def scrape_counters(http_address: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """Every counter of a shard's /metrics by its sample name (``..._total``), summed over
+    labels. Differences over an interval give what the interval's calls took."""
     from prometheus_client.parser import text_string_to_metric_families
 
     url = f"http://{http_address}/metrics"
@@ -188,11 +214,26 @@ def scrape_compute(http_address: str, timeout_s: float = 10.0) -> tuple[float, f
         text = response.read().decode()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        if family.type != "counter":
+            continue
         for sample in family.samples:
-            if sample.name in (_COMPUTE_SAMPLE, _EXEC_SAMPLE):
+            if sample.name.endswith("_total"):
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def counter_sample(name: str) -> str:
+    """The sample name a counter is scraped under (prometheus_client adds ``_total``)."""
+    return f"{name}_total"
+
+
+def scrape_compute(http_address: str, timeout_s: float = 10.0) -> tuple[float, float]:
+    """(cumulative compute µs, executions) from a shard's /metrics: what the model itself
+    took, without decoding, forwarding or encoding. Differences over an interval give the
+    served stage time per request."""
+    values = scrape_counters(http_address, timeout_s)
     return values.get(_COMPUTE_SAMPLE, 0.0), values.get(_EXEC_SAMPLE, 0.0)
 
 
-_COMPUTE_SAMPLE = "nv_inference_compute_infer_duration_us_total"
-_EXEC_SAMPLE = "nv_inference_exec_count_total"
+_COMPUTE_SAMPLE = counter_sample(PHASE_COUNTERS["infer"][0])
+_EXEC_SAMPLE = counter_sample("nv_inference_exec_count")

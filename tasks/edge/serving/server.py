@@ -257,6 +257,7 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         try:
             inputs = self.model.decode_inputs(request, self.regions)
+            self._observe("input", started)
             wanted = (
                 list(self.model.outputs)
                 if self.next_hop is not None
@@ -272,14 +273,19 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         failure, outputs = self._run(inputs, wanted)
         if failure:
             return None, failure
+        forwarded = None
         if self.next_hop is not None:
+            handed = time.perf_counter()
             failure, forwarded = self._forward(request, outputs, time_remaining_s)
+            self._observe("forward", handed)
             if failure:
                 return None, failure
             forwarded.id = request.id
             log.debug("request %r forwarded in %.1f ms", request.id, _ms_since(started))
             if not places:
                 return forwarded, None
+        encoding = time.perf_counter()
+        if forwarded is not None:
             # The caller's shared memory is registered here, not at the last shard.
             model_name, outputs = forwarded.model_name, decode_response(forwarded)
         else:
@@ -292,6 +298,7 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
                 add_output(response, name, array, places.get(name), self.regions)
         except TensorCodecError as exc:
             return None, (grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._observe("output", encoding)
         log.debug("request %r served in %.1f ms", request.id, _ms_since(started))
         return response, None
 
@@ -301,8 +308,7 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         try:
             outputs = self.model.run(inputs, wanted)
-            if self.metrics is not None:
-                self.metrics.observe_compute(time.perf_counter() - started)
+            self._observe("infer", started)
             return None, outputs
         except OrtInvalidArgument as exc:
             # e.g. a variable dimension the graph cannot take: still the caller's input.
@@ -310,6 +316,10 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
         except Exception as exc:
             log.exception("model %s failed", self.model.name)
             return (grpc.StatusCode.INTERNAL, f"model {self.model.name!r} failed: {exc}"), {}
+
+    def _observe(self, phase: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_phase(phase, time.perf_counter() - started)
 
     def _forward(
         self,

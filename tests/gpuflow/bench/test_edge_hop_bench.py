@@ -21,6 +21,10 @@ def test_hop_bench_measures_both_transports_and_cleans_up() -> None:
         latency, compute = out[f"{label}_chain_latency_ms"], out[f"{label}_compute_ms"]
         assert 0 < compute < latency
         assert out[f"{label}_per_hop_ms"] == pytest.approx((latency - compute) / 2)
+        # The hop splits into the servers' own work and the way between the processes.
+        inside, between = out[f"{label}_in_servers_per_hop_ms"], out[f"{label}_between_per_hop_ms"]
+        assert inside > 0 and between > 0
+        assert inside + between == pytest.approx(out[f"{label}_per_hop_ms"])
     assert isinstance(out["shm_meets_goal"], bool)
     assert set(shm.SHM_DIR.glob("gpuflow-*")) <= before  # every slot unlinked
 

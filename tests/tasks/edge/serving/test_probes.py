@@ -111,6 +111,40 @@ def test_metrics_count_requests_failures_and_latency(mlp, start_server) -> None:
     assert after[("nv_inference_request_duration_us_total", labels)] > 0
 
 
+def test_phase_counters_split_a_forwarded_call(mlp, start_server) -> None:
+    """Each shard's duration holds its decode, model, encode and next hop (Triton's
+    compute_input / compute_infer / compute_output, and the forward); the head's next hop
+    holds the tail's whole call: what lets `gpuflow bench edge` split a hop."""
+    tail = start_server(mlp.shard_dirs[2], http_port=0)
+    head = start_server(
+        mlp.shard_dirs[1], forward_to=tail.address, forward_model="mlp-shard2", http_port=0
+    )
+    h1 = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    with OipClient(head.address) as client:
+        for _ in range(3):
+            client.infer("mlp-shard1", {"h1": h1})
+
+    def phases(server, model: str) -> dict[str, float]:
+        labels = (("model", model), ("version", "1"))
+        got = _samples(_get(server.http_address, "/metrics")[1].decode())
+        names = {
+            "call": "nv_inference_request_duration_us",
+            "input": "nv_inference_compute_input_duration_us",
+            "infer": "nv_inference_compute_infer_duration_us",
+            "output": "nv_inference_compute_output_duration_us",
+            "forward": "gpuflow_inference_forward_duration_us",
+        }
+        return {k: got[(f"{name}_total", labels)] for k, name in names.items()}
+
+    at_head, at_tail = phases(head, "mlp-shard1"), phases(tail, "mlp-shard2")
+    assert at_tail["forward"] == 0 and at_tail["output"] > 0
+    assert at_head["forward"] >= at_tail["call"] > 0  # the tail's call lies inside it
+    for at in (at_head, at_tail):
+        assert at["input"] > 0 and at["infer"] > 0
+        parts = at["input"] + at["infer"] + at["output"] + at["forward"]
+        assert parts <= at["call"]
+
+
 def test_http_port_is_checked_and_a_taken_one_stops_the_server(mlp) -> None:
     with pytest.raises(ValueError, match="http_port must be an int"):
         start_shard_server(mlp.shard_dirs[2], "127.0.0.1", 0, "", http_port=70000)
