@@ -121,8 +121,17 @@ class _Chain:
         from gpuflow.tasks.edge.serving.metrics import scrape_counters
 
         total: dict[str, float] = {}
-        for address in self.http:
-            for name, value in scrape_counters(address).items():
+        for i, (proc, address) in enumerate(zip(self.processes, self.http, strict=True)):
+            try:
+                scraped = scrape_counters(address)
+            except OSError as exc:  # say which shard, and whether its process still runs
+                code = proc.process.poll()
+                state = "running" if code is None else f"exited with code {code}"
+                raise RuntimeError(
+                    f"hop bench ({self.label}): shard {i}'s /metrics at {address} failed "
+                    f"({exc}); its process {proc.pid} is {state} (log {proc.log_path})"
+                ) from exc
+            for name, value in scraped.items():
                 total[name] = total.get(name, 0.0) + value
         return total
 

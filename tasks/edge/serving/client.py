@@ -26,7 +26,12 @@ import numpy as np
 from gpuflow.tasks.edge.manifest import parse_hop
 from gpuflow.tasks.edge.serving.codec import build_infer_request, decode_response
 from gpuflow.tasks.edge.serving.proto import oip as pb
-from gpuflow.tasks.edge.serving.shm import UNREGISTERED_REGION, SlotPool
+from gpuflow.tasks.edge.serving.shm import (
+    UNREGISTERED_REGION,
+    Reservation,
+    SlotPool,
+    TensorLayout,
+)
 from gpuflow.tasks.edge.serving.stream import StreamBroken, StreamPool
 
 log = logging.getLogger(__name__)
@@ -244,6 +249,20 @@ class OipClient:
                 )
             return self._slots
 
+    def reserve_inputs(self, layouts: Sequence[TensorLayout]) -> Reservation | None:
+        """A shared-memory slot laid out for inputs of these dtypes and shapes, for the
+        caller to write (onnxruntime's IOBinding) and pass to ``infer_response`` uncopied;
+        the caller releases it after the call. None where the raw path is in force or the
+        slot cannot be had now (``infer_response`` then registers, and says why)."""
+        pool = self._slot_pool()
+        if pool is None:
+            return None
+        try:
+            return pool.reserve(layouts)
+        except (OipError, OSError) as exc:
+            log.debug("%s: no slot reserved (%s); the inputs will be copied", self.address, exc)
+            return None
+
     def infer_response(
         self,
         name: str,
@@ -276,7 +295,7 @@ class OipClient:
                         # The server restarted (a supervisor brought it back at the same
                         # address): our registrations died with the old process.
                         log.info("%s forgot our shared memory; registering again", self.address)
-                        pool.drop_free()
+                        pool.server_forgot()
                         continue
                     if not self._gives_up_shared_memory(exc):
                         raise

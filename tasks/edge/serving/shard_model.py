@@ -13,7 +13,7 @@ import onnxruntime as ort
 from gpuflow.tasks.edge.manifest import ManifestError, ShardManifest, TensorSpec, verify_shard
 from gpuflow.tasks.edge.serving.codec import TensorCodecError, decode_tensors
 from gpuflow.tasks.edge.serving.proto import oip as pb
-from gpuflow.tasks.edge.serving.shm import RegionRegistry
+from gpuflow.tasks.edge.serving.shm import RegionRegistry, TensorLayout
 
 # onnxruntime's type strings for the datatypes a manifest can declare.
 _ORT_TO_KSERVE = {
@@ -131,6 +131,10 @@ class ShardModel:
         self.inputs = {s.name: s for s in self.manifest.inputs}
         self.outputs = {s.name: s for s in self.manifest.outputs}
         self.providers = self.session.get_providers()
+        # The outputs' dtypes and shapes each input signature gave when it last ran (False:
+        # they changed, so the graph's shapes depend on the data): what lets a forwarding
+        # shard have onnxruntime write its outputs into the next hop's slot.
+        self._layouts: dict[tuple, list[TensorLayout] | bool] = {}
 
     @property
     def name(self) -> str:
@@ -205,8 +209,43 @@ class ShardModel:
         return names or list(self.outputs)
 
     def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str]
+        self,
+        inputs: dict[str, np.ndarray],
+        output_names: Sequence[str],
+        into: Sequence[np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run the shard; onnxruntime's InferenceSession.run is safe from many threads."""
+        """Run the shard; onnxruntime's InferenceSession.run is safe from many threads.
+        ``into``: arrays (of ``output_layout``'s dtypes and shapes) onnxruntime writes the
+        outputs into, through an IOBinding, instead of arrays of its own; where that fails
+        (shapes that depend on the data) the signature is not bound again and the shard
+        runs as usual."""
+        key = (_signature(inputs), tuple(output_names))
+        if into is not None:
+            try:
+                binding = self.session.io_binding()
+                for name, array in inputs.items():
+                    binding.bind_cpu_input(name, np.ascontiguousarray(array))
+                for name, out in zip(output_names, into, strict=True):
+                    binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+                self.session.run_with_iobinding(binding)
+                return dict(zip(output_names, into, strict=True))
+            except Exception:  # noqa: BLE001 - onnxruntime raises untyped errors; run again
+                self._layouts[key] = False
         results = self.session.run(list(output_names), inputs)
+        if self._layouts.get(key) is not False:
+            layout = [(r.dtype, tuple(r.shape)) for r in results]
+            if self._layouts.setdefault(key, layout) != layout:
+                self._layouts[key] = False
         return dict(zip(output_names, results, strict=True))
+
+    def output_layout(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[TensorLayout] | None:
+        """The dtypes and shapes these outputs had when inputs of this signature last ran,
+        if they were the same every time; None before the first run."""
+        layout = self._layouts.get((_signature(inputs), tuple(output_names)))
+        return layout if isinstance(layout, list) else None
+
+
+def _signature(inputs: dict[str, np.ndarray]) -> tuple:
+    return tuple((name, a.dtype.str, a.shape) for name, a in inputs.items())

@@ -20,7 +20,9 @@ array is a view of the mapping, never a copy). Client side, ``SlotPool`` keeps r
 process created, one per request in flight, and hands a free one out per call: a slot is
 reused only after the call that used it has returned, so a server is never reading a slot
 that is being rewritten; a slot whose call failed (the server may still be reading it after a
-deadline) is dropped, never reused.
+deadline) is dropped, never reused. A producer that knows its outputs' shapes beforehand
+(a forwarding shard, through onnxruntime's IOBinding) can ``reserve`` a slot and write into
+it; arrays that already lie in a reserved slot are sent from where they lie, uncopied.
 """
 
 from __future__ import annotations
@@ -197,6 +199,17 @@ def set_tensor_ref(parameters: object, ref: ShmTensorRef) -> None:
     params[PARAM_OFFSET].int64_param = ref.offset  # type: ignore[index]
 
 
+TensorLayout = tuple[np.dtype, tuple[int, ...]]  # one tensor's dtype and shape
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _nbytes(layout: TensorLayout) -> int:
+    return int(np.prod(layout[1], dtype=np.int64)) * np.dtype(layout[0]).itemsize
+
+
 class _Slot:
     """A shared-memory object this process created and owns (unlinked on close)."""
 
@@ -213,29 +226,67 @@ class _Slot:
             raise
         finally:
             os.close(fd)
+        probe = np.frombuffer(self.mapping, dtype=np.uint8)
+        self.address = probe.ctypes.data  # where the mapping starts in this process
+        del probe  # the mapping must carry no export when the slot closes
+
+    def views(self, layouts: Sequence[TensorLayout]) -> list[np.ndarray]:
+        """Writable arrays of these dtypes and shapes, each at an aligned offset."""
+        arrays, offset = [], 0
+        for dtype, shape in layouts:
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays.append(
+                np.frombuffer(self.mapping, dtype=dtype, count=count, offset=offset).reshape(shape)
+            )
+            offset += _aligned(_nbytes((dtype, shape)))
+        return arrays
+
+    def place_of(self, array: np.ndarray) -> ShmTensorRef | None:
+        """Where ``array`` lies in this slot, if it is a contiguous array inside it."""
+        start = array.__array_interface__["data"][0] - self.address
+        inside = 0 <= start and start + array.nbytes <= self.byte_size
+        if not inside or not array.flags.c_contiguous:
+            return None
+        return ShmTensorRef(self.name, array.nbytes, start)
 
     def write(self, arrays: Sequence[np.ndarray]) -> list[ShmTensorRef]:
         """Copy the arrays in, each at an aligned offset: the one copy of the fast path."""
-        refs: list[ShmTensorRef] = []
-        offset = 0
-        for array in arrays:
-            n = array.nbytes
-            target = np.frombuffer(self.mapping, dtype=np.uint8, count=n, offset=offset)
-            target[...] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            del target  # the mapping must carry no export when the slot closes
-            refs.append(ShmTensorRef(self.name, n, offset))
-            offset += -(-n // _ALIGN) * _ALIGN
+        views = self.views([(a.dtype, a.shape) for a in arrays])
+        for view, array in zip(views, arrays, strict=True):
+            view[...] = array
+        refs = [ShmTensorRef(self.name, v.nbytes, v.ctypes.data - self.address) for v in views]
+        del views  # the mapping must carry no export when the slot closes
         return refs
 
     def close(self) -> None:
         try:
             self.mapping.close()
+        except BufferError:
+            pass  # an array still views it: unmapped when the last one goes
         finally:
             key_path(self.key).unlink(missing_ok=True)
 
 
 def slot_bytes(arrays: Sequence[np.ndarray]) -> int:
-    return sum(-(-a.nbytes // _ALIGN) * _ALIGN for a in arrays) or _ALIGN
+    return layout_bytes([(a.dtype, a.shape) for a in arrays])
+
+
+def layout_bytes(layouts: Sequence[TensorLayout]) -> int:
+    return sum(_aligned(_nbytes(layout)) for layout in layouts) or _ALIGN
+
+
+class Reservation:
+    """A slot taken for a producer to write into (``arrays``); ``release`` gives it back."""
+
+    def __init__(self, pool: SlotPool, slot: _Slot, layouts: Sequence[TensorLayout]) -> None:
+        self._pool, self._slot = pool, slot
+        self.arrays: list[np.ndarray] | None = slot.views(layouts)
+
+    def release(self, reuse: bool) -> None:
+        """Back to the pool (``reuse``: the call that sent it returned), else dropped: the
+        server may still read it. The arrays must not be used after this."""
+        self.arrays = None
+        self._pool._end_reservation(self._slot, reuse)
 
 
 class SlotPool:
@@ -253,12 +304,44 @@ class SlotPool:
         self._register, self._unregister = register, unregister
         self._free: list[_Slot] = []
         self._all: set[_Slot] = set()
+        self._reserved: set[_Slot] = set()
         self._lock = threading.Lock()
+
+    def reserve(self, layouts: Sequence[TensorLayout]) -> Reservation:
+        """A free slot laid out for tensors of these dtypes and shapes, to be written by
+        the caller and sent with ``slot`` (which then copies nothing)."""
+        slot = self._take(layout_bytes(layouts))
+        with self._lock:
+            self._reserved.add(slot)
+        return Reservation(self, slot, layouts)
+
+    def _end_reservation(self, slot: _Slot, reuse: bool) -> None:
+        with self._lock:
+            self._reserved.discard(slot)
+            if reuse:
+                self._free.append(slot)
+        if not reuse:
+            self._drop(slot)
+
+    def _already_placed(self, arrays: Sequence[np.ndarray]) -> list[ShmTensorRef] | None:
+        """The places of arrays that all lie in one reserved slot, else None."""
+        with self._lock:
+            reserved = list(self._reserved)
+        for slot in reserved:
+            places = [slot.place_of(a) for a in arrays]
+            if all(p is not None for p in places):
+                return places  # type: ignore[return-value]
+        return None
 
     @contextmanager
     def slot(self, arrays: Sequence[np.ndarray]) -> Iterator[list[ShmTensorRef]]:
         """The arrays written to a free slot; the slot is reused after the block only if it
-        ended without an exception."""
+        ended without an exception. Arrays that already lie in a reserved slot are sent
+        from there (its reservation decides what becomes of it)."""
+        placed = self._already_placed(arrays)
+        if placed is not None:
+            yield placed
+            return
         need = slot_bytes(arrays)
         slot = self._take(need)
         try:
@@ -297,12 +380,16 @@ class SlotPool:
             pass
         slot.close()
 
-    def drop_free(self) -> None:
-        """Forget the idle slots (the server no longer knows them)."""
+    def server_forgot(self) -> None:
+        """The server no longer knows our regions (it restarted): the idle slots go, the
+        reserved ones (written, about to be sent again) are registered again."""
         with self._lock:
             slots, self._free = self._free, []
+            reserved = list(self._reserved)
         for slot in slots:
             self._drop(slot)
+        for slot in reserved:
+            self._register(slot.name, slot.key, slot.byte_size)
 
     def close(self) -> None:
         with self._lock:

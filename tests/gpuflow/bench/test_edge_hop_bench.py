@@ -55,3 +55,21 @@ def test_the_chain_not_timed_is_stopped_while_the_other_is_timed_and_resumed_aft
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_shard_whose_metrics_fail_is_named_with_its_process_state(tmp_path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from gpuflow.tasks.edge.serving.process import ShardProcess
+
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    dead.wait()
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    shard = ShardProcess(dead, "127.0.0.1:1", "m", tmp_path / "shard.log", "READY")  # type: ignore[arg-type]
+    chain = edge_hop_bench._Chain("shm", [shard], [address], dict, lambda: True, lambda: None)
+    with pytest.raises(RuntimeError, match=r"shard 0's /metrics at .* exited with code 3"):
+        chain.counters()

@@ -97,6 +97,35 @@ def test_a_forwarding_chain_hands_its_boundary_tensors_through_shared_memory(
     np.testing.assert_array_equal(out["probs"], ref["probs"])
 
 
+def test_a_forwarding_shard_has_its_model_write_into_the_next_hops_slot(
+    mlp, start_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a signature's first request, onnxruntime writes a forwarding shard's outputs
+    into the slot they are sent from: the boundary tensors are copied into shared memory
+    once per forwarding shard, not once per request, and the answers stay the model's."""
+    copies: list[str] = []
+    write = shm._Slot.write
+
+    def counted(self, arrays):
+        copies.append(self.name)
+        return write(self, arrays)
+
+    monkeypatch.setattr(shm._Slot, "write", counted)
+    tail = start_server(mlp.shard_dirs[2], forward_to="")
+    middle = start_server(mlp.shard_dirs[1], forward_to=tail.address, forward_model="mlp-shard2")
+    head = start_server(mlp.shard_dirs[0], forward_to=middle.address, forward_model="mlp-shard1")
+    ref = mlp.reference({"x": X})
+    with OipClient(head.address, shared_memory="off") as client:  # the first hop sends raw
+        for i in range(4):
+            out = client.infer("mlp-shard0", {"x": X * (i + 1)})
+            want = mlp.reference({"x": X * (i + 1)})
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-6)
+            np.testing.assert_allclose(out["probs"], want["probs"], rtol=1e-6)
+        batch = client.infer("mlp-shard0", {"x": X[:2]})  # a new signature: copied once more
+    np.testing.assert_allclose(batch["y"], ref["y"][:2], rtol=1e-6)
+    assert len(copies) == 4  # two forwarding shards, two signatures each
+
+
 def test_a_server_that_cannot_open_our_memory_gets_raw_contents_from_then_on(
     mlp, mlp_whole, monkeypatch: pytest.MonkeyPatch
 ) -> None:
