@@ -337,7 +337,7 @@ class ShardServicer(pb.GRPCInferenceServiceServicer):
     ) -> tuple[tuple[grpc.StatusCode, str] | None, dict[str, np.ndarray]]:
         started = time.perf_counter()
         try:
-            outputs = self.model.run(inputs, wanted, into)
+            outputs = self.model.run(inputs, wanted, into, learn_layout=self.next_hop is not None)
             self._observe("infer", started)
             return None, outputs
         except OrtInvalidArgument as exc:

@@ -133,7 +133,8 @@ class ShardModel:
         self.providers = self.session.get_providers()
         # The outputs' dtypes and shapes each input signature gave when it last ran (False:
         # they changed, so the graph's shapes depend on the data): what lets a forwarding
-        # shard have onnxruntime write its outputs into the next hop's slot.
+        # shard have onnxruntime write its outputs into the next hop's slot. Learnt only
+        # where asked (a forwarding shard), for at most _MAX_LAYOUTS signatures.
         self._layouts: dict[tuple, list[TensorLayout] | bool] = {}
 
     @property
@@ -213,12 +214,17 @@ class ShardModel:
         inputs: dict[str, np.ndarray],
         output_names: Sequence[str],
         into: Sequence[np.ndarray] | None = None,
+        learn_layout: bool = False,
     ) -> dict[str, np.ndarray]:
         """Run the shard; onnxruntime's InferenceSession.run is safe from many threads.
         ``into``: arrays (of ``output_layout``'s dtypes and shapes) onnxruntime writes the
         outputs into, through an IOBinding, instead of arrays of its own; where that fails
         (shapes that depend on the data) the signature is not bound again and the shard
-        runs as usual."""
+        runs as usual. ``learn_layout``: remember the outputs' layout for ``output_layout``
+        (a shard that forwards; any other has no use for it)."""
+        if into is None and not learn_layout:
+            results = self.session.run(list(output_names), inputs)
+            return dict(zip(output_names, results, strict=True))
         key = (_signature(inputs), tuple(output_names))
         if into is not None:
             try:
@@ -232,7 +238,8 @@ class ShardModel:
             except Exception:  # noqa: BLE001 - onnxruntime raises untyped errors; run again
                 self._layouts[key] = False
         results = self.session.run(list(output_names), inputs)
-        if self._layouts.get(key) is not False:
+        known = self._layouts.get(key)
+        if known is not False and (known is not None or len(self._layouts) < _MAX_LAYOUTS):
             layout = [(r.dtype, tuple(r.shape)) for r in results]
             if self._layouts.setdefault(key, layout) != layout:
                 self._layouts[key] = False
@@ -245,6 +252,11 @@ class ShardModel:
         if they were the same every time; None before the first run."""
         layout = self._layouts.get((_signature(inputs), tuple(output_names)))
         return layout if isinstance(layout, list) else None
+
+
+# Input signatures whose output layouts a shard keeps: a few batch sizes in practice; a
+# shard fed ever new shapes stops learning there (those requests are copied, as before).
+_MAX_LAYOUTS = 64
 
 
 def _signature(inputs: dict[str, np.ndarray]) -> tuple:

@@ -30,7 +30,9 @@ def test_outputs_written_into_given_arrays_once_their_shapes_are_known(tmp_path:
     shard = _nonzero_shard(tmp_path)
     x = np.array([0.0, 1.0, 0.0, 2.0], np.float32)
     assert shard.output_layout({"x": x}, ["idx"]) is None  # never ran: nothing known
-    first = shard.run({"x": x}, ["idx"])
+    shard.run({"x": x}, ["idx"])
+    assert shard.output_layout({"x": x}, ["idx"]) is None  # not asked to learn it
+    first = shard.run({"x": x}, ["idx"], learn_layout=True)
     layout = shard.output_layout({"x": x}, ["idx"])
     assert layout == [(np.dtype(np.int64), (1, 2))]
     into = [np.full((1, 2), -1, np.int64)]
@@ -42,11 +44,22 @@ def test_outputs_written_into_given_arrays_once_their_shapes_are_known(tmp_path:
 def test_shapes_that_depend_on_the_data_are_not_bound_again(tmp_path: Path) -> None:
     shard = _nonzero_shard(tmp_path)
     x = np.array([0.0, 1.0, 0.0, 2.0], np.float32)
-    shard.run({"x": x}, ["idx"])
+    shard.run({"x": x}, ["idx"], learn_layout=True)
     more = np.array([3.0, 1.0, 0.0, 2.0], np.float32)  # same signature, three non-zeros
     stale = [np.zeros((1, 2), np.int64)]  # laid out as the signature's last run
     got = shard.run({"x": more}, ["idx"], stale)  # onnxruntime refuses; run as usual
     np.testing.assert_array_equal(got["idx"], [[0, 1, 3]])
     assert shard.output_layout({"x": x}, ["idx"]) is None  # never bound again
-    shard.run({"x": x}, ["idx"])
+    shard.run({"x": x}, ["idx"], learn_layout=True)
     assert shard.output_layout({"x": x}, ["idx"]) is None
+
+
+def test_a_shard_keeps_the_layouts_of_a_bounded_number_of_signatures(tmp_path: Path) -> None:
+    from gpuflow.tasks.edge.serving import shard_model
+
+    shard = _nonzero_shard(tmp_path)
+    for n in range(1, shard_model._MAX_LAYOUTS + 3):  # each length a signature of its own
+        shard.run({"x": np.ones(n, np.float32)}, ["idx"], learn_layout=True)
+    assert shard.output_layout({"x": np.ones(1, np.float32)}, ["idx"]) is not None
+    beyond = {"x": np.ones(shard_model._MAX_LAYOUTS + 2, np.float32)}
+    assert shard.output_layout(beyond, ["idx"]) is None  # not learnt: the table was full
